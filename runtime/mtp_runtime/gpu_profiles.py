@@ -1,0 +1,186 @@
+"""Which number of speculative tokens K suits which GPU, and how a pool's K is resolved.
+
+Pure and shared: the operator imports this to plan pools and the runtime imports it to
+double-check the GPU a pod really got, so both always agree. No I/O, no clock.
+
+Products are matched on the strings NVIDIA GPU Feature Discovery puts in the node label
+`nvidia.com/gpu.product` (the device name with spaces turned into dashes, e.g.
+`NVIDIA-H100-80GB-HBM3`). MIG slices (`A100-SXM4-40GB-MIG-1g.5gb`) and time-sliced sharing
+(`...-SHARED`) keep the family of the card they live on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+# K used for a GPU no table entry names (the field report's "others → 3").
+DEFAULT_K = 3
+
+# Pool `source` values, as reported in MTPInference status.pools[].source.
+Source = Literal["profile", "override", "cap", "rollback", "off"]
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    family: str  # the model token in the product string, e.g. "H100"
+    k: int
+    reason: str
+
+
+# The default table. A100, H100 and L40S come from the field report; the other rows are our
+# choices, each with its reason, until a measurement replaces them. K only pays off while the
+# GPU has spare compute for verifying the draft in the same memory-bound decode step, so cards
+# with much compute per byte of bandwidth take larger K, and small inference cards smaller K.
+DEFAULT_PROFILES: tuple[GPUProfile, ...] = (
+    GPUProfile("H100", 6, "field report"),
+    GPUProfile("A100", 4, "field report"),
+    GPUProfile("L40S", 2, "field report"),
+    GPUProfile("H200", 6, "H100 silicon with more HBM bandwidth: at least H100's headroom"),
+    GPUProfile("GH200", 6, "H100-class GPU (Grace Hopper): same as H100"),
+    GPUProfile("H800", 6, "H100 with reduced NVLink only: decode per GPU as H100"),
+    GPUProfile("H20", 4, "Hopper with a fraction of H100's compute: verification costs more"),
+    GPUProfile("B200", 6, "more compute per byte than H100; kept at H100's K until measured"),
+    GPUProfile("GB200", 6, "B200 in a Grace Blackwell board: as B200"),
+    GPUProfile("B100", 6, "Blackwell, as B200"),
+    GPUProfile("A800", 4, "A100 with reduced NVLink only: as A100"),
+    GPUProfile("L40", 2, "same Ada die as L40S, less compute: as L40S"),
+    GPUProfile("L4", 2, "small Ada inference card, little spare compute: as L40S"),
+    GPUProfile("A10G", 2, "Ampere inference card with a third of A100's bandwidth: small K"),
+    GPUProfile("A10", 2, "as A10G"),
+    GPUProfile("T4", 1, "Turing inference card with little compute: one token at most"),
+)
+
+_SUFFIXES = re.compile(r"(-MIG-.*|-SHARED)$", re.IGNORECASE)
+
+
+def normalize_product(name: str) -> str:
+    """A device name as NVML or nvidia-smi reports it → the GPU Feature Discovery label value.
+
+    `NVIDIA H200` → `NVIDIA-H200`; already-normalised strings are returned unchanged.
+    """
+    return "-".join(name.strip().split())
+
+
+def product_family(product: str) -> str | None:
+    """The family token of a GFD product string (`NVIDIA-H100-80GB-HBM3` → `H100`), if known."""
+    base = _SUFFIXES.sub("", normalize_product(product))
+    tokens = [t.upper() for t in base.split("-")]
+    known = {p.family for p in DEFAULT_PROFILES}
+    for token in tokens:
+        if token in known:
+            return token
+    return None
+
+
+def _lookup(table: Mapping[str, int], product: str) -> int | None:
+    """An override table may name an exact product string or a family (`H100`)."""
+    normalized = normalize_product(product)
+    for key, k in table.items():
+        if normalize_product(key).lower() == normalized.lower():
+            return k
+    family = product_family(product)
+    if family is not None:
+        for key, k in table.items():
+            if key.upper() == family:
+                return k
+    return None
+
+
+def default_k(product: str, cluster_overrides: Mapping[str, int] | None = None) -> int:
+    """The cluster's K for a GPU product: the cluster-wide overrides, then the default table."""
+    if cluster_overrides:
+        k = _lookup(cluster_overrides, product)
+        if k is not None:
+            return k
+    family = product_family(product)
+    for profile in DEFAULT_PROFILES:
+        if profile.family == family:
+            return profile.k
+    return DEFAULT_K
+
+
+def valid_k_for_depth(k: int, mtp_layers: int | None) -> bool:
+    """vLLM runs K > n_predict only when K is a multiple of the model's MTP depth."""
+    return not mtp_layers or k <= mtp_layers or k % mtp_layers == 0
+
+
+@dataclass(frozen=True)
+class KRequest:
+    """What a resource asks for; `num_speculative_tokens` is "auto" or an explicit K ≥ 0."""
+
+    num_speculative_tokens: int | Literal["auto"] = "auto"
+    profiles: Mapping[str, int] | None = None  # the resource's own per-product overrides
+    max_speculative_tokens: int | None = None
+    mtp_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class KResolution:
+    k: int
+    source: Source
+    reason: str
+
+
+class KError(ValueError):
+    """A K the user asked for that vLLM would refuse; `field` names the spec field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _depth_message(k: int, depth: int) -> str:
+    multiples = ", ".join(str(depth * i) for i in range(1, 4))
+    return (
+        f"{k} is not valid for a model with mtpLayers={depth}: above the model's MTP depth "
+        f"K must be a multiple of it ({multiples}, ...), or at most {depth}"
+    )
+
+
+def resolve_k(
+    product: str,
+    request: KRequest,
+    cluster_overrides: Mapping[str, int] | None = None,
+) -> KResolution:
+    """Resolve the K a pool on `product` runs with, and say where it came from.
+
+    Order: an explicit K, else the resource's profiles, else the cluster's table. A K the
+    user wrote that vLLM would reject raises KError; a K from a table is lowered to the
+    nearest valid value instead (source "cap"), and so is anything above the cap.
+    """
+    depth = request.mtp_layers
+    cap = request.max_speculative_tokens
+    explicit = request.num_speculative_tokens
+    if explicit != "auto":
+        field = "speculative.numSpeculativeTokens"
+        if cap is not None and explicit > cap:
+            raise KError(field, f"{explicit} exceeds speculative.maxSpeculativeTokens={cap}")
+        if not valid_k_for_depth(explicit, depth):
+            raise KError(field, _depth_message(explicit, depth))
+        if explicit == 0:
+            return KResolution(0, "off", "speculation turned off in the spec")
+        return KResolution(explicit, "override", "numSpeculativeTokens set in the spec")
+
+    own = _lookup(request.profiles, product) if request.profiles else None
+    if own is not None:
+        if not valid_k_for_depth(own, depth):
+            raise KError(f"speculative.profiles[{product}]", _depth_message(own, depth))
+        k, source, reason = own, "override", "speculative.profiles entry"
+    else:
+        k, source = default_k(product, cluster_overrides), "profile"
+        family = product_family(product) or "other GPUs"
+        reason = f"GPU profile for {family}"
+
+    if cap is not None and k > cap:
+        k, source, reason = cap, "cap", f"{reason}, capped by maxSpeculativeTokens={cap}"
+    if not valid_k_for_depth(k, depth):
+        lowered = (k // depth) * depth
+        k, source = lowered, "cap"
+        reason = f"{reason}, lowered to a multiple of mtpLayers={depth}"
+    if k == 0:
+        return KResolution(0, "off", f"{reason}: speculation off")
+    return KResolution(k, source, reason)
