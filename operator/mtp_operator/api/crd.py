@@ -1,0 +1,197 @@
+"""Generates the MTPInference CustomResourceDefinition from the pydantic models.
+
+`crds/` holds this function's output; tests/unit/test_crd.py fails when they drift apart.
+Regenerate with `mtp-operator crd > crds/mtp-operator.io_mtpinferences.yaml` (`make crds`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from mtp_operator.api import v1alpha1 as api
+
+# int | "auto" and int | "32k": Kubernetes' int-or-string, with CEL for the string half.
+_INT_OR_STRING_RULES = {
+    "numSpeculativeTokens": [
+        {
+            "rule": "type(self) == string ? self == 'auto' : self >= 0",
+            "message": "must be `auto` or an integer >= 0 (0 turns speculation off)",
+        }
+    ],
+    "maxModelLen": [
+        {
+            "rule": "type(self) == string ? self.matches('^(auto|-1|[0-9]+[kKmMgG]?)$') : "
+            "self > 0 || self == -1",
+            "message": "must be a positive integer, `auto`, or a size such as `32k`",
+        }
+    ],
+}
+
+_SPEC_RULES: dict[str, list[dict[str, str]]] = {
+    "profiles": [
+        {
+            "rule": "self.all(k, self[k] >= 0)",
+            "message": "every profile K must be an integer >= 0",
+        }
+    ],
+    "extraArgs": [
+        {
+            "rule": "self.all(a, !(a.split('=')[0] in ['--port', '--tensor-parallel-size', "
+            "'-tp', '--max-model-len', '--reasoning-parser', '--served-model-name', "
+            "'--speculative-config', '-sc', '--spec-method', '--spec-tokens']))",
+            "message": "must not set flags the operator derives from the spec (--port, "
+            "--tensor-parallel-size, --max-model-len, --reasoning-parser, --served-model-name, "
+            "--speculative-config); use the spec fields instead",
+        }
+    ],
+}
+
+
+def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Inline $refs, collapse Optional[...] and drop what structural schemas forbid."""
+    if "$ref" in schema:
+        target = defs[schema["$ref"].split("/")[-1]]
+        merged = {**copy.deepcopy(target), **{k: v for k, v in schema.items() if k != "$ref"}}
+        return _resolve(merged, defs)
+    out: dict[str, Any] = {}
+    any_of = schema.get("anyOf")
+    if any_of is not None:
+        options = [o for o in any_of if o.get("type") != "null"]
+        types = {o.get("type") for o in options} | {
+            "string" for o in options if "const" in o or "enum" in o
+        }
+        if types >= {"integer", "string"}:
+            out["x-kubernetes-int-or-string"] = True
+        elif len(options) == 1:
+            inner = _resolve(options[0], defs)
+            for key in ("description", "default"):
+                if schema.get(key) is not None:
+                    inner[key] = schema[key]
+            return inner
+        else:  # pragma: no cover - the models have no other unions
+            raise ValueError(f"unsupported union in schema: {any_of}")
+    for key in ("type", "description", "minimum", "maximum", "minLength", "maxLength", "enum",
+                "format", "maxItems", "maxProperties"):
+        if key in schema:
+            out[key] = schema[key]
+    if "exclusiveMinimum" in schema:
+        out["minimum"] = schema["exclusiveMinimum"]
+    if "const" in schema:
+        out["enum"] = [schema["const"]]
+        out["type"] = "string"
+    if "default" in schema and schema["default"] is not None:
+        out["default"] = schema["default"]
+    if out.get("type") == "object" or "properties" in schema:
+        out["type"] = "object"
+        props = schema.get("properties")
+        if props:
+            out["properties"] = {k: _resolve(v, defs) for k, v in props.items()}
+            if schema.get("required"):
+                out["required"] = list(schema["required"])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            out["additionalProperties"] = _resolve(extra, defs) if extra else {}
+            if not extra:
+                out.pop("additionalProperties")
+                out["x-kubernetes-preserve-unknown-fields"] = True
+        elif not props:
+            out["x-kubernetes-preserve-unknown-fields"] = True
+    if out.get("type") == "array":
+        out["items"] = _resolve(schema.get("items", {}), defs)
+        if not out["items"]:
+            out["items"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return out
+
+
+def _schema_for(model: type) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")  # type: ignore[attr-defined]
+    return _resolve(raw, raw.get("$defs", {}))
+
+
+def _spec_schema() -> dict[str, Any]:
+    spec = _schema_for(api.MTPInferenceSpec)
+    props = spec["properties"]
+    for nested in ("speculative", "rollback"):
+        props[nested]["default"] = {}
+    spec_props = props["speculative"]["properties"]
+    spec_props["numSpeculativeTokens"]["x-kubernetes-validations"] = _INT_OR_STRING_RULES[
+        "numSpeculativeTokens"
+    ]
+    props["maxModelLen"]["x-kubernetes-validations"] = _INT_OR_STRING_RULES["maxModelLen"]
+    spec_props["profiles"]["x-kubernetes-validations"] = _SPEC_RULES["profiles"]
+    props["extraArgs"]["x-kubernetes-validations"] = _SPEC_RULES["extraArgs"]
+    spec["x-kubernetes-validations"] = api.SPEC_CEL_RULES
+    return spec
+
+
+def _status_schema() -> dict[str, Any]:
+    status = _schema_for(api.MTPInferenceStatus)
+    for key in ("conditions", "pools", "rollbacks"):
+        status["properties"][key].pop("default", None)
+    status["properties"]["rollbacks"]["maxItems"] = api.MAX_ROLLBACK_HISTORY
+    return status
+
+
+PRINTER_COLUMNS = [
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+    {"name": "Pools", "type": "string", "jsonPath": ".status.poolsSummary",
+     "description": "GPU pools with their number of speculative tokens"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{api.PLURAL}.{api.GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "mtp-operator"},
+        },
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": api.SHORT_NAMES,
+                "categories": ["all", "mtp"],
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "MTPInference serves a model with vLLM and MTP "
+                            "speculative decoding on one pool per GPU product.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": _spec_schema(),
+                                "status": _status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated from operator/mtp_operator/api/v1alpha1.py by `mtp-operator crd`. Do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)

@@ -1,0 +1,234 @@
+"""MTPInference v1alpha1: the single source of truth for the CRD (crds/ is generated from here).
+
+Field names are the public contract. Python attributes are snake_case; the wire format is
+camelCase. Rules the API server can check live in the schema (bounds, enums) and in CEL
+(`x-kubernetes-validations`); rules that need the cluster or vLLM's own logic are checked by
+the operator (see validation.py) and reported with the same kind of message.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "mtp-operator.io"
+VERSION = "v1alpha1"
+KIND = "MTPInference"
+PLURAL = "mtpinferences"
+SINGULAR = "mtpinference"
+SHORT_NAMES = ["mtpi"]
+
+# Defaults the rollback block starts from. MTPHitRateLow: the field report's "alert below 0.88
+# for 5 m". MTPErrorPropagationHigh: 0.40 of draft tokens wasted behind an earlier rejection
+# (mtp-metrics.md's curve: a healthy K=6 pool at per-position acceptance 0.8 wastes 0.39; K=4
+# only passes 0.40 below acceptance 0.69, K=2 below 0.2), so it fires only when a deep draft
+# chain is mostly thrown away, where stepping K down helps.
+DEFAULT_MIN_HIT_RATE = 0.88
+DEFAULT_MAX_ERROR_PROPAGATION_RATE = 0.40
+MAX_ROLLBACK_HISTORY = 20
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class SpeculativeSpec(_Model):
+    """How the pools speculate. K is per GPU pool unless numSpeculativeTokens is set."""
+
+    method: str = Field(
+        "mtp",
+        description="vLLM speculative method: `mtp` or one of vLLM 0.33's model-specific MTP "
+        "aliases (e.g. `deepseek_mtp`, `qwen3_next_mtp`).",
+        min_length=1,
+    )
+    num_speculative_tokens: int | Literal["auto"] = Field(
+        "auto",
+        description="K: `auto` (per GPU product, from the profile table) or an integer "
+        "applied to every pool; 0 turns speculation off.",
+    )
+    profiles: dict[str, int] | None = Field(
+        None,
+        max_length=64,
+        description="Per-GPU K overrides for `auto`, keyed by a `nvidia.com/gpu.product` value "
+        "or a family such as `H100`.",
+    )
+    max_speculative_tokens: int | None = Field(
+        None, ge=0, description="Upper bound on any pool's K (profile values are capped to it)."
+    )
+    mtp_layers: int | None = Field(
+        None,
+        ge=1,
+        description="The model's MTP depth (n_predict). vLLM rejects K above it unless K is a "
+        "multiple of it; profile values are lowered to fit.",
+    )
+
+
+class RollbackSpec(_Model):
+    """When and how the operator backs a pool's speculative settings off by itself."""
+
+    enabled: bool = Field(True, description="Roll back automatically when an alert fires.")
+    min_hit_rate: float = Field(
+        DEFAULT_MIN_HIT_RATE, ge=0, le=1, description="MTPHitRateLow fires below this hit rate."
+    )
+    max_error_propagation_rate: float = Field(
+        DEFAULT_MAX_ERROR_PROPAGATION_RATE,
+        ge=0,
+        le=1,
+        description="MTPErrorPropagationHigh fires above this error-propagation rate.",
+    )
+    cooldown_seconds: int = Field(
+        300, ge=0, description="After a rollback, further alerts for the pool are ignored this long."
+    )
+    stabilization_seconds: int = Field(
+        600,
+        ge=0,
+        description="Settings that run this long without an alert become the pool's known-good.",
+    )
+    window_seconds: int = Field(
+        300, ge=1, description="Built-in evaluator: the window the figures are computed over."
+    )
+    for_seconds: int = Field(
+        300,
+        ge=0,
+        description="Built-in evaluator: how long a threshold must stay crossed before acting.",
+    )
+    min_drafts: int = Field(
+        50,
+        ge=1,
+        description="Built-in evaluator: fewer drafts than this in the window counts as no data.",
+    )
+
+
+_CEL_SPEC = [
+    {
+        "rule": "!has(self.speculative) || !has(self.speculative.maxSpeculativeTokens) || "
+        "type(self.speculative.numSpeculativeTokens) == string || "
+        "self.speculative.numSpeculativeTokens <= self.speculative.maxSpeculativeTokens",
+        "message": "speculative.numSpeculativeTokens must not exceed "
+        "speculative.maxSpeculativeTokens",
+        "fieldPath": ".speculative.numSpeculativeTokens",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "!has(self.speculative) || !has(self.speculative.mtpLayers) || "
+        "type(self.speculative.numSpeculativeTokens) == string || "
+        "self.speculative.numSpeculativeTokens <= self.speculative.mtpLayers || "
+        "self.speculative.numSpeculativeTokens % self.speculative.mtpLayers == 0",
+        "message": "speculative.numSpeculativeTokens above speculative.mtpLayers must be a "
+        "multiple of it (vLLM runs the model's MTP layers in whole rounds)",
+        "fieldPath": ".speculative.numSpeculativeTokens",
+        "reason": "FieldValueInvalid",
+    },
+]
+
+
+class MTPInferenceSpec(_Model):
+    model: str = Field(..., min_length=1, description="Model to serve (Hugging Face or ModelScope id, or a path).")
+    served_model_name: str | None = Field(None, description="Name the OpenAI API serves the model under.")
+    model_source: Literal["huggingface", "modelscope"] = Field(
+        "huggingface", description="`modelscope` sets VLLM_USE_MODELSCOPE=true."
+    )
+    image: str | None = Field(None, description="Runtime image; default from the operator's settings.")
+    replicas: int = Field(1, ge=0, description="Replicas per GPU pool.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs per replica.")
+    max_model_len: int | str | None = Field(
+        None, description="Context length: an integer, or vLLM's forms such as `32k`/`auto`."
+    )
+    reasoning_parser: str | None = Field(None, description="vLLM reasoning parser, e.g. `qwen3`.")
+    gpu_products: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
+        None,
+        max_length=64,
+        description="Allow-list of `nvidia.com/gpu.product` values; default: every GPU product "
+        "on schedulable nodes that fit a replica.",
+    )
+    node_selector: dict[str, str] | None = Field(None, description="Extra node selector for every pool.")
+    tolerations: list[dict[str, Any]] | None = Field(None, description="Pod tolerations.")
+    resources: dict[str, Any] | None = Field(
+        None, description="Container resources; `nvidia.com/gpu` is set from tensorParallelSize."
+    )
+    env: list[dict[str, Any]] | None = Field(None, description="Extra container environment (EnvVar list).")
+    extra_args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        None, max_length=128, description="Extra `vllm serve` arguments, appended last."
+    )
+    speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)  # type: ignore[arg-type]
+    rollback: RollbackSpec = Field(default_factory=RollbackSpec)  # type: ignore[arg-type]
+
+
+# ---- status -------------------------------------------------------------------------------
+
+PoolSource = Literal["profile", "override", "cap", "rollback", "off"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "SpeculationRolledBack"]
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class PoolStatus(_Model):
+    gpu_product: str
+    num_speculative_tokens: int
+    source: PoolSource
+    reason: str = ""
+    replicas: int = 0
+    ready_replicas: int = 0
+    deployment: str
+    settings_hash: str = ""
+    # Rollback state: kept in status so a restarted operator knows it.
+    rollback_k: int | None = Field(
+        None, description="K pinned by a rollback; cleared by a new spec generation or reset."
+    )
+    rollback_generation: int | None = None
+    last_rollback_time: str | None = None
+    known_good_k: int | None = Field(
+        None, description="Last K that ran through the stabilization window without alerts."
+    )
+    settings_since: str | None = Field(None, description="When the running K was applied.")
+    last_alert_time: str | None = None
+
+
+class RollbackRecord(_Model):
+    time: str
+    gpu_product: str
+    from_k: int
+    to_k: int
+    alert: str
+    value: float | None = None
+    threshold: float | None = None
+    reason: str = ""
+    via: Literal["alertmanager", "evaluator"] = "alertmanager"
+
+
+class MTPInferenceStatus(_Model):
+    observed_generation: int | None = None
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Invalid"] | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    pools: list[PoolStatus] = Field(default_factory=list)
+    rollbacks: list[RollbackRecord] = Field(default_factory=list)
+    pools_summary: str | None = Field(None, description="Pools with their K, e.g. `H100:6 A100:4`.")
+    ready: str | None = Field(None, description="Ready replicas over desired, over all pools.")
+    removed_pools: list[str] = Field(
+        default_factory=list, description="GPU products whose pools were removed, most recent last."
+    )
+
+
+class MTPInference(_Model):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+    api_version: Literal["mtp-operator.io/v1alpha1"] = "mtp-operator.io/v1alpha1"
+    kind: Literal["MTPInference"] = "MTPInference"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: MTPInferenceSpec
+    status: MTPInferenceStatus | None = None
+
+
+SPEC_CEL_RULES = _CEL_SPEC
