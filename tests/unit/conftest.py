@@ -1,0 +1,34 @@
+"""Fixtures for the runtime's unit tests (tests/conftest.py belongs to the project-wide setup)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+# tests/support (the fake vLLM) is importable as `support.fake_vllm`
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+SHARED = REPO.parent / "shared"
+SAMPLE_PROM = SHARED / "vllm-0.33.0" / "metrics-sample.prom"
+FIXTURES = TESTS / "fixtures"
+
+
+@pytest.fixture
+def sample_prom() -> str:
+    if not SAMPLE_PROM.exists():
+        pytest.skip(f"{SAMPLE_PROM} not present (shared/ is laid beside the checkout)")
+    return SAMPLE_PROM.read_text()
+
+
+@pytest.fixture
+def fake_vllm():
+    from support.fake_vllm import FakeVLLM
+
+    fake = FakeVLLM(k=4, model_name="dsv3-tiny", seed=7).start()
+    yield fake
+    fake.stop()
