@@ -1,0 +1,219 @@
+"""Desired Kubernetes objects for a resource, as plain dicts. Pure: same input, same output.
+
+The pool Deployment's pod template only changes when the pool's settings change, and its
+`mtp-operator.io/settings-hash` says so, so unchanged pools are never rolled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from mtp_runtime.pool_config import ENV_VAR, PoolConfig
+from mtp_runtime.vllm_command import DEFAULT_PORT, build_argv, build_env
+
+from mtp_operator.api.v1alpha1 import GROUP, KIND, VERSION, MTPInferenceSpec
+from mtp_operator.naming import (
+    ANNOTATION_COMMAND,
+    ANNOTATION_SETTINGS_HASH,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    LABEL_RESOURCE,
+    label_value,
+    pool_deployment_name,
+    pool_labels,
+    pool_selector,
+    resource_labels,
+    service_name,
+    short_hash,
+)
+from mtp_operator.planning import PoolPlan
+
+METRICS_PORT = 9400
+FIELD_MANAGER = "mtp-operator"
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def pool_config(
+    spec: MTPInferenceSpec, plan: PoolPlan, cluster_profiles: Mapping[str, int]
+) -> PoolConfig:
+    return PoolConfig(
+        serve=plan.serve,
+        gpu_product=plan.gpu_product,
+        k_mode=plan.k_mode,  # type: ignore[arg-type]
+        profiles=dict(spec.speculative.profiles or {}),
+        cluster_overrides=dict(cluster_profiles),
+        max_speculative_tokens=spec.speculative.max_speculative_tokens,
+    )
+
+
+def _resources(spec: MTPInferenceSpec) -> dict[str, Any]:
+    resources = json.loads(json.dumps(spec.resources or {}))
+    gpus = str(spec.tensor_parallel_size)
+    resources.setdefault("limits", {})[GPU_RESOURCE] = gpus
+    if GPU_RESOURCE in (resources.get("requests") or {}):
+        resources["requests"][GPU_RESOURCE] = gpus
+    return resources
+
+
+def _pod_spec(spec: MTPInferenceSpec, plan: PoolPlan, config: PoolConfig, image: str) -> dict:
+    env = [{"name": ENV_VAR, "value": config.to_json()}]
+    env += [{"name": k, "value": v} for k, v in sorted(build_env(plan.serve).items())]
+    env += list(spec.env or [])
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": GPU_PRODUCT_LABEL, "operator": "In",
+                             "values": [plan.gpu_product]}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    # GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule; these pods are what they're for.
+    tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    tolerations += list(spec.tolerations or [])
+    container = {
+        "name": "vllm",
+        "image": image,
+        "command": ["mtp-runtime", "serve"],
+        "env": env,
+        "ports": [
+            {"name": "http", "containerPort": DEFAULT_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources(spec),
+        # Loading a large model takes many minutes; vLLM refuses connections until then.
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 180,
+        },
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 15,
+            "failureThreshold": 4,
+        },
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    pod: dict[str, Any] = {
+        # No service links: a Service named like `vllm` would inject VLLM_PORT=tcp://...
+        "enableServiceLinks": False,
+        "affinity": affinity,
+        "tolerations": tolerations,
+        "terminationGracePeriodSeconds": 120,
+        "containers": [container],
+        # tensor-parallel workers exchange tensors through shared memory
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    return pod
+
+
+def settings_hash(pod_spec: Mapping[str, Any], replicas: int) -> str:
+    canonical = json.dumps({"pod": pod_spec, "replicas": replicas}, sort_keys=True)
+    return short_hash(canonical, 16)
+
+
+def pool_deployment(
+    name: str,
+    namespace: str,
+    uid: str,
+    spec: MTPInferenceSpec,
+    plan: PoolPlan,
+    default_image: str,
+    cluster_profiles: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The Deployment for one (resource, GPU product) pool."""
+    config = pool_config(spec, plan, cluster_profiles or {})
+    pod_spec = _pod_spec(spec, plan, config, spec.image or default_image)
+    digest = settings_hash(pod_spec, spec.replicas)
+    labels = pool_labels(name, plan.gpu_product)
+    command = json.dumps(build_argv(plan.serve))
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": pool_deployment_name(name, plan.gpu_product),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                ANNOTATION_COMMAND: command,
+                ANNOTATION_SETTINGS_HASH: digest,
+                GPU_PRODUCT_LABEL: plan.gpu_product,
+            },
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": pool_selector(name, plan.gpu_product)},
+            # GPU clusters have no spare GPUs to surge into.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {ANNOTATION_SETTINGS_HASH: digest},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    """One Service in front of every pool of the resource (OpenAI API and metrics)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(name),
+            "namespace": namespace,
+            "labels": resource_labels(name),
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": {
+            "selector": {LABEL_RESOURCE: label_value(name)},
+            "ports": [
+                {"name": "http", "port": DEFAULT_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics",
+                 "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def desired_objects(
+    name: str,
+    namespace: str,
+    uid: str,
+    spec: MTPInferenceSpec,
+    plans: list[PoolPlan],
+    default_image: str,
+    cluster_profiles: Mapping[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    objs = [service(name, namespace, uid)]
+    objs += [
+        pool_deployment(name, namespace, uid, spec, p, default_image, cluster_profiles)
+        for p in plans
+    ]
+    return objs

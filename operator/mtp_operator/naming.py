@@ -1,0 +1,83 @@
+"""Deterministic names and labels for the objects the operator owns. Pure.
+
+Names must stay within Kubernetes' limits (63 characters for labels and Service names) and
+be the same on every reconcile, so a long resource name is cut and given a short hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_RESOURCE = "mtp-operator.io/mtpinference"
+LABEL_GPU_PRODUCT = "mtp-operator.io/gpu-product"
+MANAGED_BY = "mtp-operator"
+APP_NAME = "mtp-inference"
+
+ANNOTATION_COMMAND = "mtp-operator.io/vllm-command"
+ANNOTATION_SETTINGS_HASH = "mtp-operator.io/settings-hash"
+ANNOTATION_RESET_ROLLBACK = "mtp-operator.io/reset-rollback"
+
+MAX_NAME = 63
+_INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+def short_hash(text: str, length: int = 8) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def dns_label(*parts: str, max_len: int = MAX_NAME) -> str:
+    """Join parts into a DNS-1123 label; too long → cut and suffixed with a stable hash."""
+    raw = "-".join(parts)
+    name = _INVALID.sub("-", raw.lower()).strip("-")
+    name = re.sub(r"-{2,}", "-", name)
+    if len(name) <= max_len:
+        return name
+    suffix = short_hash(raw)
+    return f"{name[: max_len - len(suffix) - 1].rstrip('-')}-{suffix}"
+
+
+def product_slug(product: str) -> str:
+    """`NVIDIA-H100-80GB-HBM3` → `h100-80gb-hbm3`: the vendor prefix says nothing here."""
+    slug = _INVALID.sub("-", product.lower()).strip("-")
+    return slug.removeprefix("nvidia-") or "gpu"
+
+
+def pool_deployment_name(resource: str, product: str) -> str:
+    return dns_label(resource, product_slug(product))
+
+
+def service_name(resource: str) -> str:
+    # Never plain `vllm`: Kubernetes would inject VLLM_PORT=tcp://..., which vLLM misreads.
+    return dns_label(resource, "openai")
+
+
+def label_value(value: str) -> str:
+    """Label values are at most 63 characters; longer ones are cut with a stable hash."""
+    if len(value) <= MAX_NAME:
+        return value
+    suffix = short_hash(value)
+    return f"{value[: MAX_NAME - len(suffix) - 1]}-{suffix}"
+
+
+def resource_labels(resource: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: label_value(resource),
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_RESOURCE: label_value(resource),
+    }
+
+
+def pool_labels(resource: str, product: str) -> dict[str, str]:
+    return {**resource_labels(resource), LABEL_GPU_PRODUCT: label_value(product)}
+
+
+def pool_selector(resource: str, product: str) -> dict[str, str]:
+    return {LABEL_RESOURCE: label_value(resource), LABEL_GPU_PRODUCT: label_value(product)}

@@ -1,0 +1,48 @@
+"""Operator-wide settings: the defaults a resource does not set itself.
+
+Read from a YAML file (the chart mounts it from a ConfigMap) and overridden by CLI flags:
+    defaultImage: ghcr.io/mtp-operator/mtp-runtime:0.1.0
+    gpuProfiles: {NVIDIA-H100-80GB-HBM3: 5, L40S: 1}   # cluster-wide K overrides
+    evaluator: {enabled: true, intervalSeconds: 15}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from mtp_operator import __version__
+
+DEFAULT_RUNTIME_IMAGE = f"ghcr.io/mtp-operator/mtp-runtime:{__version__}"
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class EvaluatorSettings(_Settings):
+    enabled: bool = True
+    interval_seconds: float = Field(15.0, gt=0)
+
+
+class OperatorSettings(_Settings):
+    default_image: str = DEFAULT_RUNTIME_IMAGE
+    gpu_profiles: dict[str, int] = Field(default_factory=dict)
+    evaluator: EvaluatorSettings = Field(default_factory=EvaluatorSettings)
+
+
+class SettingsFileError(ValueError):
+    pass
+
+
+def load_settings(path: str | Path | None) -> OperatorSettings:
+    if path is None:
+        return OperatorSettings()
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return OperatorSettings.model_validate(data)
+    except (OSError, yaml.YAMLError, ValidationError) as err:
+        raise SettingsFileError(f"settings file {path}: {err}") from err
