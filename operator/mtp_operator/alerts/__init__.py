@@ -1,0 +1,1 @@
+"""Alertmanager webhook receiver feeding the rollback policy."""
