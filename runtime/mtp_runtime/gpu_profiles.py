@@ -64,9 +64,18 @@ def normalize_product(name: str) -> str:
     return "-".join(name.strip().split())
 
 
+def base_product(product: str) -> str:
+    """The card a product string names, without MIG-slice or sharing suffixes.
+
+    `NVIDIA-A100-SXM4-40GB-MIG-1g.5gb` → `NVIDIA-A100-SXM4-40GB`; `NVIDIA-H200-SHARED` →
+    `NVIDIA-H200`. NVML and nvidia-smi report the card, GFD may report the slice.
+    """
+    return _SUFFIXES.sub("", normalize_product(product))
+
+
 def product_family(product: str) -> str | None:
     """The family token of a GFD product string (`NVIDIA-H100-80GB-HBM3` → `H100`), if known."""
-    base = _SUFFIXES.sub("", normalize_product(product))
+    base = base_product(product)
     tokens = [t.upper() for t in base.split("-")]
     known = {p.family for p in DEFAULT_PROFILES}
     for token in tokens:

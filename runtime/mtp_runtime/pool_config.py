@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from mtp_runtime.gpu_profiles import KRequest, KResolution, normalize_product, resolve_k
+from mtp_runtime.gpu_profiles import KRequest, KResolution, base_product, resolve_k
 from mtp_runtime.vllm_command import ServeSettings
 
 ENV_VAR = "MTP_RUNTIME_CONFIG"
@@ -57,4 +57,6 @@ class PoolConfig:
 
 
 def same_product(a: str, b: str) -> bool:
-    return normalize_product(a).lower() == normalize_product(b).lower()
+    """Same card? A MIG slice or a time-shared GPU (as GFD labels it) is the card it lives on,
+    which is what NVML reports inside the pod."""
+    return base_product(a).lower() == base_product(b).lower()
