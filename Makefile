@@ -1,0 +1,59 @@
+# mtp-operator developer entry points. Python deps live in .venv (created by `make install`);
+# the sandbox's Go binaries are cached in ~/.cache/mtp-operator/sandbox (tests/sandbox/build.sh).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: help install build-sandbox monitoring sandbox sandbox-down sandbox-status test test-unit \
+        lint demo bench
+
+help:
+	@echo "make install        .venv with mtp-operator[dev] (editable)"
+	@echo "make sandbox        local control plane + kwok GPU nodes; last line KUBECONFIG=..."
+	@echo "make sandbox-down   stop the sandbox"
+	@echo "make test           install everything (Python, Go builds, Prometheus) and run all tests"
+	@echo "make test-unit      unit tests only (no sandbox)"
+	@echo "make lint           ruff"
+	@echo "make demo           sandbox up, then tests/sandbox/demo.sh"
+	@echo "make bench          python bench/run.py"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+build-sandbox:
+	@bash tests/sandbox/build.sh >/dev/null
+
+monitoring:
+	@bash tests/sandbox/install_monitoring.sh
+
+sandbox: install build-sandbox
+	@$(PY) tests/sandbox/sandbox.py up
+
+sandbox-down:
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tests/sandbox/sandbox.py down
+
+sandbox-status:
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tests/sandbox/sandbox.py status
+
+test: install build-sandbox monitoring
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+demo: install build-sandbox
+	@PYTHON=$(PY) bash tests/sandbox/demo.sh
+
+bench: install
+	@if [[ -f bench/run.py ]]; then $(PY) bench/run.py; else echo "bench/run.py does not exist yet"; fi

@@ -1,0 +1,124 @@
+"""Shared fixtures and markers.
+
+Markers are applied by directory: tests/unit -> unit, tests/cluster -> cluster, tests/e2e -> e2e.
+Only tests that use the `sandbox` fixture (directly or through kubeconfig/kubectl/namespace)
+start the local control plane, so `pytest tests/unit` needs no Go build.
+
+Sandbox fixtures (see tests/sandbox/README.md):
+  sandbox     session; a running sandbox.Sandbox. Started once per session and stopped at the
+              end, unless it was already running (e.g. `make sandbox`), another pytest session
+              still uses it, or MTP_KEEP_SANDBOX=1.
+  kubeconfig  session; Path of the admin kubeconfig.
+  kubectl     session; kubectl(*args, check=True, input=None, timeout=120) -> CompletedProcess
+              running the cached kubectl v1.36.3 with the admin kubeconfig; raises KubectlError
+              (stderr in the message) on a non-zero exit unless check=False.
+  namespace   function; a fresh namespace (its default ServiceAccount exists), deleted after.
+Monitoring fixtures:
+  monitoring_binaries  session; fails with a hint when Prometheus/Alertmanager are missing.
+  webhook_receiver     function; a running monitoring.WebhookReceiver.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS / "sandbox"))
+
+_DIR_MARKERS = {"unit": "unit", "cluster": "cluster", "e2e": "e2e"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            rel = Path(str(item.path)).resolve().relative_to(TESTS)
+        except ValueError:
+            continue
+        marker = _DIR_MARKERS.get(rel.parts[0]) if len(rel.parts) > 1 else None
+        if marker:
+            item.add_marker(getattr(pytest.mark, marker))
+
+
+class KubectlError(subprocess.CalledProcessError):
+    def __str__(self) -> str:
+        return (
+            f"kubectl {' '.join(self.cmd[3:])} exited {self.returncode}\n"
+            f"stderr: {(self.stderr or '').strip()}\nstdout: {(self.stdout or '').strip()[-2000:]}"
+        )
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[object]:
+    from sandbox import Sandbox
+
+    sb = Sandbox()
+    sb.acquire(started_by="pytest")
+    try:
+        yield sb
+    finally:
+        sb.release(keep=os.environ.get("MTP_KEEP_SANDBOX") == "1")
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(sandbox) -> Path:
+    return sandbox.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kubectl(sandbox) -> Callable[..., subprocess.CompletedProcess[str]]:
+    base = [str(sandbox.bin("kubectl")), "--kubeconfig", str(sandbox.kubeconfig)]
+
+    def run(
+        *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [*base, *map(str, args)]
+        p = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise KubectlError(p.returncode, cmd, p.stdout, p.stderr)
+        return p
+
+    return run
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, sandbox, kubectl) -> Iterator[str]:
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{base}-{uuid.uuid4().hex[:5]}"
+    kubectl("create", "namespace", name)
+    deadline = time.monotonic() + 30
+    while kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ServiceAccount {name}/default not created in 30 s")
+        time.sleep(0.1)
+    try:
+        yield name
+    finally:
+        kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture(scope="session")
+def monitoring_binaries() -> None:
+    import monitoring
+
+    if not monitoring.binaries_present():
+        pytest.fail(
+            "Prometheus/Alertmanager not installed: run tests/sandbox/install_monitoring.sh "
+            "(make test does)"
+        )
+
+
+@pytest.fixture
+def webhook_receiver() -> Iterator[object]:
+    import monitoring
+
+    with monitoring.WebhookReceiver() as r:
+        yield r
