@@ -104,6 +104,10 @@ def make_plan(args: argparse.Namespace) -> LaunchPlan:
         launch = plan(config, gpu)
     except ValueError as exc:  # KError, SettingsError
         raise CLIError(EXIT_CONFIG, "invalid_settings", str(exc)) from exc
+    tp = launch.settings.tensor_parallel_size
+    if gpu.source != "config" and tp > gpu.count:
+        log("too_few_gpus", level="warning", tensor_parallel_size=tp, visible_gpus=gpu.count,
+            message="vLLM needs one GPU per tensor-parallel rank; it will fail to start")
     if launch.mismatch:
         log("gpu_mismatch", level="warning", expected=config.gpu_product,
             detected=gpu.product, k=launch.k["k"], operator_k=launch.k["operator_k"],
