@@ -16,6 +16,7 @@ from mtp_runtime.vllm_command import DEFAULT_PORT, build_argv, build_env
 from mtp_operator.api.v1alpha1 import GROUP, KIND, VERSION, MTPInferenceSpec
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
+    ANNOTATION_GPU_PRODUCT,
     ANNOTATION_SETTINGS_HASH,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
@@ -77,8 +78,11 @@ def _pod_spec(spec: MTPInferenceSpec, plan: PoolPlan, config: PoolConfig, image:
                 "nodeSelectorTerms": [
                     {
                         "matchExpressions": [
-                            {"key": GPU_PRODUCT_LABEL, "operator": "In",
-                             "values": [plan.gpu_product]}
+                            {
+                                "key": GPU_PRODUCT_LABEL,
+                                "operator": "In",
+                                "values": [plan.gpu_product],
+                            }
                         ]
                     }
                 ]
@@ -153,11 +157,11 @@ def pool_deployment(
         "metadata": {
             "name": pool_deployment_name(name, plan.gpu_product),
             "namespace": namespace,
-            "labels": labels,
+            "labels": dict(labels),
             "annotations": {
                 ANNOTATION_COMMAND: command,
                 ANNOTATION_SETTINGS_HASH: digest,
-                GPU_PRODUCT_LABEL: plan.gpu_product,
+                ANNOTATION_GPU_PRODUCT: plan.gpu_product,
             },
             "ownerReferences": [owner_reference(name, uid)],
         },
@@ -171,7 +175,7 @@ def pool_deployment(
             },
             "template": {
                 "metadata": {
-                    "labels": labels,
+                    "labels": dict(labels),
                     "annotations": {ANNOTATION_SETTINGS_HASH: digest},
                 },
                 "spec": pod_spec,
@@ -195,8 +199,12 @@ def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
             "selector": {LABEL_RESOURCE: label_value(name)},
             "ports": [
                 {"name": "http", "port": DEFAULT_PORT, "targetPort": "http", "protocol": "TCP"},
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics",
-                 "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "port": METRICS_PORT,
+                    "targetPort": "metrics",
+                    "protocol": "TCP",
+                },
             ],
         },
     }

@@ -37,7 +37,9 @@ def _env_value(container: Mapping[str, Any] | None, name: str) -> str | None:
 def _view(deploy: Mapping[str, Any]) -> dict[str, Any]:
     container = _get(deploy, "spec", "template", "spec", "containers", 0)
     return {
-        "settings-hash annotation": _get(deploy, "metadata", "annotations", ANNOTATION_SETTINGS_HASH),
+        "settings-hash annotation": _get(
+            deploy, "metadata", "annotations", ANNOTATION_SETTINGS_HASH
+        ),
         "vllm-command annotation": _get(deploy, "metadata", "annotations", ANNOTATION_COMMAND),
         "replicas": _get(deploy, "spec", "replicas"),
         "pod template settings-hash": _get(

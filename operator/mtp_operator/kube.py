@@ -74,8 +74,9 @@ class Kube:
         meta = involved.get("metadata") or {}
         now = datetime.now(UTC)
         event = Event(
-            metadata=ObjectMeta(generateName=f"{meta.get('name', 'mtpi')}.",
-                                namespace=meta.get("namespace")),
+            metadata=ObjectMeta(
+                generateName=f"{meta.get('name', 'mtpi')}.", namespace=meta.get("namespace")
+            ),
             involvedObject=ObjectReference(
                 apiVersion=involved.get("apiVersion", f"{GROUP}/{VERSION}"),
                 kind=involved.get("kind", KIND),

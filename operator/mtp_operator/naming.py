@@ -23,6 +23,7 @@ APP_NAME = "mtp-inference"
 ANNOTATION_COMMAND = "mtp-operator.io/vllm-command"
 ANNOTATION_SETTINGS_HASH = "mtp-operator.io/settings-hash"
 ANNOTATION_RESET_ROLLBACK = "mtp-operator.io/reset-rollback"
+ANNOTATION_GPU_PRODUCT = "mtp-operator.io/gpu-product"  # exact value, never cut like labels
 
 MAX_NAME = 63
 _INVALID = re.compile(r"[^a-z0-9-]+")

@@ -117,14 +117,15 @@ def plan_pool(
     cluster_profiles: Mapping[str, int] | None = None,
     rollback_k: int | None = None,
 ) -> PoolPlan:
-    """The settings one pool runs with. A rollback K, when set, wins over everything else."""
+    """The settings one pool runs with. A rollback pin lowers K; it never raises it above
+    what the spec asks for now."""
     try:
         resolution = resolve_k(product, k_request(spec), cluster_profiles)
     except KError as err:
         raise PlanError([(err.field, err.message)]) from err
     k, source, reason = resolution.k, resolution.source, resolution.reason
     explicit = spec.speculative.num_speculative_tokens != "auto"
-    if rollback_k is not None and rollback_k != k:
+    if rollback_k is not None and rollback_k < k:
         k, source, reason = rollback_k, "rollback", f"rolled back from K={k}"
     serve = serve_settings(spec, k)
     found = problems(serve)

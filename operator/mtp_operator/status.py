@@ -93,7 +93,8 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
     desired = sum(p["replicas"] for p in pools)
     ready = sum(p["readyReplicas"] for p in pools)
     rolling = [
-        p.gpu_product for p in i.plans
+        p.gpu_product
+        for p in i.plans
         if p.gpu_product not in i.observed or not i.observed[p.gpu_product].up_to_date
     ]
     all_ready = bool(pools) and not rolling and ready >= desired
@@ -156,5 +157,6 @@ def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     b = {k: v for k, v in new.items() if k != "conditions"}
     if a != b:
         return True
-    return not c.same_ignoring_time(list(old.get("conditions") or []),
-                                    list(new.get("conditions") or []))
+    return not c.same_ignoring_time(
+        list(old.get("conditions") or []), list(new.get("conditions") or [])
+    )

@@ -73,8 +73,18 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             return inner
         else:  # pragma: no cover - the models have no other unions
             raise ValueError(f"unsupported union in schema: {any_of}")
-    for key in ("type", "description", "minimum", "maximum", "minLength", "maxLength", "enum",
-                "format", "maxItems", "maxProperties"):
+    for key in (
+        "type",
+        "description",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "enum",
+        "format",
+        "maxItems",
+        "maxProperties",
+    ):
         if key in schema:
             out[key] = schema[key]
     if "exclusiveMinimum" in schema:
@@ -137,8 +147,12 @@ def _status_schema() -> dict[str, Any]:
 
 PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
-    {"name": "Pools", "type": "string", "jsonPath": ".status.poolsSummary",
-     "description": "GPU pools with their number of speculative tokens"},
+    {
+        "name": "Pools",
+        "type": "string",
+        "jsonPath": ".status.poolsSummary",
+        "description": "GPU pools with their number of speculative tokens",
+    },
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -193,5 +207,8 @@ def crd() -> dict[str, Any]:
 
 
 def crd_yaml() -> str:
-    header = "# Generated from operator/mtp_operator/api/v1alpha1.py by `mtp-operator crd`. Do not edit.\n"
+    header = (
+        "# Generated from operator/mtp_operator/api/v1alpha1.py by `mtp-operator crd`. "
+        "Do not edit.\n"
+    )
     return header + yaml.safe_dump(crd(), sort_keys=False, width=100)

@@ -81,7 +81,9 @@ class RollbackSpec(_Model):
         description="MTPErrorPropagationHigh fires above this error-propagation rate.",
     )
     cooldown_seconds: int = Field(
-        300, ge=0, description="After a rollback, further alerts for the pool are ignored this long."
+        300,
+        ge=0,
+        description="After a rollback, further alerts for the pool are ignored this long.",
     )
     stabilization_seconds: int = Field(
         600,
@@ -127,12 +129,18 @@ _CEL_SPEC = [
 
 
 class MTPInferenceSpec(_Model):
-    model: str = Field(..., min_length=1, description="Model to serve (Hugging Face or ModelScope id, or a path).")
-    served_model_name: str | None = Field(None, description="Name the OpenAI API serves the model under.")
+    model: str = Field(
+        ..., min_length=1, description="Model to serve (Hugging Face or ModelScope id, or a path)."
+    )
+    served_model_name: str | None = Field(
+        None, description="Name the OpenAI API serves the model under."
+    )
     model_source: Literal["huggingface", "modelscope"] = Field(
         "huggingface", description="`modelscope` sets VLLM_USE_MODELSCOPE=true."
     )
-    image: str | None = Field(None, description="Runtime image; default from the operator's settings.")
+    image: str | None = Field(
+        None, description="Runtime image; default from the operator's settings."
+    )
     replicas: int = Field(1, ge=0, description="Replicas per GPU pool.")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs per replica.")
     max_model_len: int | str | None = Field(
@@ -145,12 +153,16 @@ class MTPInferenceSpec(_Model):
         description="Allow-list of `nvidia.com/gpu.product` values; default: every GPU product "
         "on schedulable nodes that fit a replica.",
     )
-    node_selector: dict[str, str] | None = Field(None, description="Extra node selector for every pool.")
+    node_selector: dict[str, str] | None = Field(
+        None, description="Extra node selector for every pool."
+    )
     tolerations: list[dict[str, Any]] | None = Field(None, description="Pod tolerations.")
     resources: dict[str, Any] | None = Field(
         None, description="Container resources; `nvidia.com/gpu` is set from tensorParallelSize."
     )
-    env: list[dict[str, Any]] | None = Field(None, description="Extra container environment (EnvVar list).")
+    env: list[dict[str, Any]] | None = Field(
+        None, description="Extra container environment (EnvVar list)."
+    )
     extra_args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
         None, max_length=128, description="Extra `vllm serve` arguments, appended last."
     )
@@ -215,6 +227,9 @@ class MTPInferenceStatus(_Model):
     rollbacks: list[RollbackRecord] = Field(default_factory=list)
     pools_summary: str | None = Field(None, description="Pools with their K, e.g. `H100:6 A100:4`.")
     ready: str | None = Field(None, description="Ready replicas over desired, over all pools.")
+    rollback_reset_token: str | None = Field(
+        None, description="The last `mtp-operator.io/reset-rollback` annotation value acted on."
+    )
     removed_pools: list[str] = Field(
         default_factory=list, description="GPU products whose pools were removed, most recent last."
     )

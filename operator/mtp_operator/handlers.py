@@ -1,0 +1,152 @@
+"""Thin kopf handlers: they keep in-memory views of the cluster and ask the reconciler to act.
+
+Only watch-event handlers, indexes and a timer are used: none of them makes kopf write
+progress annotations or finalizers, so the operator never edits the user's objects (GitOps
+sees no drift) and a steady state makes no writes at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import kopf
+
+from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, LABEL_MANAGED_BY, MANAGED_BY
+from mtp_operator.planning import GPUNode, gpu_node_from_body
+from mtp_operator.reconciler import Key, Reconciler, TransientReconcileError
+
+log = logging.getLogger(__name__)
+
+OWNED = {LABEL_MANAGED_BY: MANAGED_BY}
+RESYNC_SECONDS = 30.0
+
+
+def owner_key(body: Mapping[str, Any]) -> Key | None:
+    meta = body.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
+            return (meta.get("namespace", ""), ref.get("name", ""))
+    return None
+
+
+class KopfView:
+    """The reconciler's ClusterView over kopf's indexes (bound on the first handler call)."""
+
+    def __init__(self) -> None:
+        self.resources: Any = None
+        self.nodes: Any = None
+        self.deployments: Any = None
+        self.services: Any = None
+
+    @property
+    def ready(self) -> bool:
+        return self.resources is not None
+
+    def bind(self, kwargs: Mapping[str, Any]) -> None:
+        if self.resources is None:
+            self.resources = kwargs["mtpi_index"]
+            self.nodes = kwargs["gpu_node_index"]
+            self.deployments = kwargs["pool_deployment_index"]
+            self.services = kwargs["service_index"]
+
+    def resource(self, key: Key) -> Mapping[str, Any] | None:
+        for body in self.resources.get(key, ()):
+            return body
+        return None
+
+    def resource_keys(self) -> Iterable[Key]:
+        return list(self.resources.keys())
+
+    def gpu_nodes(self) -> Iterable[GPUNode]:
+        return [node for store in self.nodes.values() for node in store]
+
+    def pool_deployments(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
+        out = {}
+        for body in self.deployments.get(key, ()):
+            product = (body.get("metadata", {}).get("annotations") or {}).get(
+                ANNOTATION_GPU_PRODUCT
+            )
+            if product:
+                out[product] = body
+        return out
+
+    def has_service(self, key: Key) -> bool:
+        return bool(list(self.services.get(key, ())))
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: KopfView) -> None:
+    """Register every handler on `registry`, bound to `reconciler`."""
+    mtpi = (GROUP, VERSION, PLURAL)
+
+    @kopf.index(*mtpi, id="mtpi_index", registry=registry)
+    def mtpi_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+        return {(namespace, name): dict(body)}
+
+    @kopf.index("v1", "nodes", id="gpu_node_index", registry=registry)
+    def gpu_node_index(body: kopf.Body, **_: Any) -> dict | None:
+        node = gpu_node_from_body(body)
+        return {node.product: node} if node else None
+
+    @kopf.index(
+        "apps", "v1", "deployments", labels=OWNED, id="pool_deployment_index", registry=registry
+    )
+    def pool_deployment_index(body: kopf.Body, **_: Any) -> dict | None:
+        key = owner_key(body)
+        return {key: dict(body)} if key else None
+
+    @kopf.index("v1", "services", labels=OWNED, id="service_index", registry=registry)
+    def service_index(body: kopf.Body, **_: Any) -> dict | None:
+        key = owner_key(body)
+        return {key: True} if key else None
+
+    @kopf.on.event(*mtpi, registry=registry)
+    async def resource_changed(event: dict, namespace: str, name: str, **kw: Any) -> None:
+        view.bind(kw)
+        if event.get("type") == "DELETED":
+            reconciler.forget((namespace, name))
+            return
+        await _reconcile(reconciler, (namespace, name))
+
+    @kopf.timer(*mtpi, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS, registry=registry)
+    async def resync(namespace: str, name: str, **kw: Any) -> None:
+        """Retries after API errors, and lets time-based rollback state (known-good) advance."""
+        view.bind(kw)
+        await _reconcile(reconciler, (namespace, name))
+
+    @kopf.on.event("v1", "nodes", registry=registry)
+    async def node_changed(**kw: Any) -> None:
+        view.bind(kw)
+        if reconciler.gpu_inventory_changed():
+            await reconciler.reconcile_all()
+
+    @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry)
+    async def pool_changed(body: kopf.Body, **kw: Any) -> None:
+        view.bind(kw)
+        key = owner_key(body)
+        if key:
+            await _reconcile(reconciler, key)
+
+
+async def _reconcile(reconciler: Reconciler, key: Key) -> None:
+    try:
+        await reconciler.reconcile(key)
+    except TransientReconcileError as err:
+        # Reported in status already; the resync timer retries.
+        log.warning("will retry %s/%s: %s", key[0], key[1], err)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf settings: no kopf-posted events or progress writes; we post our own events."""
+    settings.posting.enabled = False
+    settings.persistence.finalizer = "mtp-operator.io/unused"  # no handler needs one
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+    settings.batching.worker_limit = 64
+    # Every handled event would otherwise log a line; real problems still log as warnings.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)

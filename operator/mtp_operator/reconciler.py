@@ -1,0 +1,302 @@
+"""Brings one MTPInference's pools in line with its spec and the cluster's GPU nodes.
+
+Reads come from in-memory views of the cluster (kopf indexes, see handlers.py), so a
+reconcile that finds nothing to do makes no API request at all; writes go through kube.Kube.
+Each resource is reconciled by one task at a time; a request that arrives while one runs
+makes it run once more, never twice in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from lightkube import ApiError
+
+from mtp_operator import builders
+from mtp_operator.drift import drifted_fields
+from mtp_operator.metrics import OPERATOR_METRICS
+from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_SETTINGS_HASH
+from mtp_operator.planning import GPUNode, PlanError, PoolPlan, fitting_products, plan_pool
+from mtp_operator.rollback.policy import format_time
+from mtp_operator.rollback.state import pool_rollback_state
+from mtp_operator.settings import OperatorSettings
+from mtp_operator.status import StatusInput, build_status, observe_deployment, status_changed
+from mtp_operator.validation import problems_text, spec_problems
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class ClusterView(Protocol):
+    """What the reconciler reads, kept current by watches (kopf indexes in production)."""
+
+    def resource(self, key: Key) -> Mapping[str, Any] | None: ...
+    def resource_keys(self) -> Iterable[Key]: ...
+    def gpu_nodes(self) -> Iterable[GPUNode]: ...
+    def pool_deployments(self, key: Key) -> Mapping[str, Mapping[str, Any]]: ...
+    def has_service(self, key: Key) -> bool: ...
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class _Slot:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    dirty: bool = False
+    # Our own last status write, used until the watch delivers it (never read stale state).
+    status: dict[str, Any] | None = None
+    status_rv: int = 0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Any,
+        view: ClusterView,
+        settings: OperatorSettings,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.kube = kube
+        self.view = view
+        self.settings = settings
+        self.clock = clock
+        self._slots: dict[Key, _Slot] = {}
+        self._gpu_fingerprint: frozenset = frozenset()
+
+    # ---- scheduling -------------------------------------------------------------------
+    def slot(self, key: Key) -> _Slot:
+        return self._slots.setdefault(key, _Slot())
+
+    def forget(self, key: Key) -> None:
+        self._slots.pop(key, None)
+
+    async def reconcile(self, key: Key) -> None:
+        """Reconcile `key`; if one is running, make it run once more and return."""
+        slot = self.slot(key)
+        if slot.lock.locked():
+            slot.dirty = True
+            return
+        async with slot.lock:
+            while True:
+                slot.dirty = False
+                await self.reconcile_locked(key)
+                if not slot.dirty:
+                    break
+
+    def gpu_inventory_changed(self) -> bool:
+        """True when the set of (product, allocatable, schedulable) among nodes has changed."""
+        fingerprint = frozenset(
+            (n.name, n.product, n.allocatable_gpus, n.schedulable) for n in self.view.gpu_nodes()
+        )
+        changed = fingerprint != self._gpu_fingerprint
+        self._gpu_fingerprint = fingerprint
+        return changed
+
+    async def reconcile_all(self) -> None:
+        await asyncio.gather(*(self.reconcile(k) for k in list(self.view.resource_keys())))
+
+    # ---- the work ---------------------------------------------------------------------
+    def current_status(self, key: Key, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The freshest status we know: the watched body's, or our own newer write."""
+        slot = self.slot(key)
+        try:
+            watched_rv = int((body.get("metadata") or {}).get("resourceVersion") or 0)
+        except ValueError:
+            watched_rv = 0
+        if slot.status is not None and slot.status_rv > watched_rv:
+            return slot.status
+        return dict(body.get("status") or {})
+
+    async def write_status(
+        self, key: Key, body: Mapping[str, Any], old: Mapping[str, Any], new: dict[str, Any]
+    ) -> None:
+        if not status_changed(old, new):
+            return
+        out = await self.kube.patch_status(key[0], key[1], new)
+        slot = self.slot(key)
+        slot.status = dict(out.get("status") or new)
+        try:
+            slot.status_rv = int(out["metadata"]["resourceVersion"])
+        except (KeyError, ValueError, TypeError):
+            slot.status_rv = 0
+        OPERATOR_METRICS.status_writes.inc()
+
+    async def reconcile_locked(self, key: Key) -> None:
+        """One reconcile pass; the caller holds `self.slot(key).lock`."""
+        body = self.view.resource(key)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return  # deleted: owner references let the garbage collector remove the pools
+        OPERATOR_METRICS.reconciles.inc()
+        meta = body.get("metadata") or {}
+        generation = meta.get("generation")
+        previous = self.current_status(key, body)
+        observed_bodies = self.view.pool_deployments(key)
+        observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
+        spec, found = spec_problems(body.get("spec") or {})
+
+        now = self.clock()
+        rollback = pool_rollback_state(previous, meta, generation, now)
+        plans: list[PoolPlan] = []
+        no_fit = None
+        if spec is not None and not found:
+            products = fitting_products(spec, self.view.gpu_nodes())
+            if not products:
+                # Keep what serves now (a bad edit must not tear pools down); say why.
+                no_fit = (
+                    f"no schedulable node has {spec.tensor_parallel_size} allocatable "
+                    f"nvidia.com/gpu"
+                    + (
+                        f" among gpuProducts {spec.gpu_products}"
+                        if spec.gpu_products is not None
+                        else ""
+                    )
+                    + (
+                        f" and matches nodeSelector {spec.node_selector}"
+                        if spec.node_selector
+                        else ""
+                    )
+                )
+                products = sorted(observed)
+            try:
+                plans = [
+                    plan_pool(spec, p, self.settings.gpu_profiles, rollback.k_for(p))
+                    for p in products
+                ]
+            except PlanError as err:
+                found = err.problems
+
+        if found:
+            status = build_status(
+                StatusInput(
+                    name=key[1],
+                    generation=generation,
+                    previous=previous,
+                    plans=[],
+                    observed=observed,
+                    rollback_state={},
+                    settings_hashes={},
+                    problems=found,
+                ),
+                format_time(now),
+            )
+            if status_changed(previous, status):
+                await self.kube.event(body, "InvalidSpec", problems_text(found), "Warning")
+            await self.write_status(key, body, previous, status)
+            return
+
+        assert spec is not None
+        uid = meta.get("uid", "")
+        desired = builders.desired_objects(
+            key[1],
+            key[0],
+            uid,
+            spec,
+            plans,
+            self.settings.default_image,
+            self.settings.gpu_profiles,
+        )
+        hashes: dict[str, str] = {}
+        apply_error = None
+        try:
+            if not self.view.has_service(key):
+                await self.kube.apply(desired[0])
+            for obj, plan in zip(desired[1:], plans, strict=True):
+                hashes[plan.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
+                await self._apply_pool(body, obj, plan, observed_bodies.get(plan.gpu_product))
+            removed = [p for p in observed_bodies if p not in {pl.gpu_product for pl in plans}]
+            for product in removed:
+                dep = observed_bodies[product]
+                await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
+                await self.kube.event(
+                    body,
+                    "PoolRemoved",
+                    f"removed pool {product}: no schedulable node of this GPU product fits "
+                    "any more, or gpuProducts no longer lists it",
+                )
+        except ApiError as err:
+            apply_error = f"{err.status.code}: {err.status.message}"
+            removed = []
+            log.warning("reconcile %s/%s failed: %s", key[0], key[1], apply_error)
+
+        status = build_status(
+            StatusInput(
+                name=key[1],
+                generation=generation,
+                previous=previous,
+                plans=plans,
+                observed=observed,
+                rollback_state=rollback.by_product(
+                    plans, spec.rollback, spec.speculative.mtp_layers
+                ),
+                settings_hashes=hashes,
+                no_fit_message=no_fit,
+                apply_error=apply_error,
+                removed=removed,
+            ),
+            format_time(now),
+        )
+        status.update(rollback.status_extras())
+        await self.write_status(key, body, previous, status)
+        if apply_error:
+            # Let kopf's caller retry with backoff: the API server may be briefly away.
+            raise TransientReconcileError(apply_error)
+
+    async def _apply_pool(
+        self,
+        owner: Mapping[str, Any],
+        desired: Mapping[str, Any],
+        plan: PoolPlan,
+        observed: Mapping[str, Any] | None,
+    ) -> None:
+        if observed is not None:
+            changed = drifted_fields(desired, observed)
+            if not changed:
+                return
+            ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
+            theirs = (
+                (observed.get("metadata") or {})
+                .get("annotations", {})
+                .get(ANNOTATION_SETTINGS_HASH)
+            )
+            await self.kube.apply(desired)
+            OPERATOR_METRICS.deployment_writes.inc()
+            if ours == theirs:
+                await self.kube.event(
+                    owner,
+                    "ManualChangeReverted",
+                    f"pool {plan.gpu_product}: {', '.join(changed)} edited outside the "
+                    "operator; restored the operator's settings (change the MTPInference "
+                    "spec instead)",
+                    "Warning",
+                )
+            else:
+                await self.kube.event(
+                    owner,
+                    "PoolUpdated",
+                    f"pool {plan.gpu_product}: K={plan.k} ({plan.source}: {plan.reason})",
+                )
+            return
+        await self.kube.apply(desired)
+        OPERATOR_METRICS.deployment_writes.inc()
+        await self.kube.event(
+            owner,
+            "PoolCreated",
+            f"pool {plan.gpu_product}: deployment {desired['metadata']['name']}, K={plan.k} "
+            f"({plan.source}: {plan.reason})",
+        )
+
+
+class TransientReconcileError(RuntimeError):
+    """The API server refused or failed a write; retried by the caller."""
+
+
+def product_of(deployment: Mapping[str, Any]) -> str | None:
+    return ((deployment.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_GPU_PRODUCT)

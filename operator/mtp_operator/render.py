@@ -1,0 +1,77 @@
+"""Offline rendering: the objects the operator would create for a resource (like `helm template`).
+
+No cluster is read, so the GPU products come from `--gpu-product`, else from the resource's
+`gpuProducts`, else the sandbox's four products.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import yaml
+
+from mtp_operator import builders
+from mtp_operator.planning import PlanError, plan_pool
+from mtp_operator.settings import OperatorSettings
+from mtp_operator.validation import spec_problems
+
+DEFAULT_PRODUCTS = (
+    "NVIDIA-A100-SXM4-80GB",
+    "NVIDIA-H100-80GB-HBM3",
+    "NVIDIA-H200",
+    "NVIDIA-L40S",
+)
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+class RenderError(ValueError):
+    pass
+
+
+def render_resource(
+    doc: dict[str, Any],
+    products: Sequence[str] | None = None,
+    settings: OperatorSettings | None = None,
+) -> list[dict[str, Any]]:
+    settings = settings or OperatorSettings()
+    if doc.get("kind") != "MTPInference":
+        raise RenderError(f"kind: expected MTPInference, got {doc.get('kind')!r}")
+    meta = doc.get("metadata") or {}
+    name = meta.get("name")
+    if not name:
+        raise RenderError("metadata.name: required")
+    spec, found = spec_problems(doc.get("spec") or {})
+    if found or spec is None:
+        raise RenderError("; ".join(f"spec.{f}: {m}" for f, m in found))
+    chosen = list(products or spec.gpu_products or DEFAULT_PRODUCTS)
+    try:
+        plans = [plan_pool(spec, p, settings.gpu_profiles) for p in chosen]
+    except PlanError as err:
+        raise RenderError("; ".join(f"spec.{f}: {m}" for f, m in err.problems)) from err
+    return builders.desired_objects(
+        name,
+        meta.get("namespace", "default"),
+        meta.get("uid", PLACEHOLDER_UID),
+        spec,
+        plans,
+        settings.default_image,
+        settings.gpu_profiles,
+    )
+
+
+def render_documents(
+    text: str, products: Sequence[str] | None = None, settings: OperatorSettings | None = None
+) -> str:
+    objs: list[dict[str, Any]] = []
+    for doc in _docs(yaml.safe_load_all(text)):
+        objs += render_resource(doc, products, settings)
+    return yaml.safe_dump_all(objs, sort_keys=False, width=120)
+
+
+def _docs(items: Iterable[Any]) -> Iterable[dict[str, Any]]:
+    for item in items:
+        if isinstance(item, dict) and item.get("kind") == "List":
+            yield from item.get("items") or []
+        elif isinstance(item, dict):
+            yield item

@@ -1,0 +1,37 @@
+"""Checks of a spec beyond what the API server's schema and CEL rules can see. Pure.
+
+Every problem is a (field, message) pair, so status conditions, Events and the `render`
+command all name the field and say why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec
+from mtp_operator.planning import validate_spec
+
+Problem = tuple[str, str]
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    # pydantic reports union branches as extra path parts ("int", "literal['auto']")
+    parts = [str(p) for p in loc if not str(p).startswith(("int", "literal[", "str"))]
+    return ".".join(parts) or "spec"
+
+
+def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None, list[Problem]]:
+    """Parse and check a spec: (spec, []) or (spec or None, [(field, message), ...])."""
+    try:
+        spec = MTPInferenceSpec.model_validate(dict(raw_spec))
+    except ValidationError as err:
+        found = {(_field(e["loc"]), e["msg"]) for e in err.errors()}
+        return None, sorted(found)
+    return spec, validate_spec(spec)
+
+
+def problems_text(found: list[Problem]) -> str:
+    return "; ".join(f"{f}: {m}" for f, m in found)
