@@ -422,11 +422,7 @@ async def test_serve_alerts_with_token_file_and_tls(
     (tmp_path / "token").write_text(TOKEN + "\n")
     cert, key = tls_files
     runner = await serve_alerts(
-        "127.0.0.1:0",
-        handler,
-        token_file=str(tmp_path / "token"),
-        tls_cert_file=str(cert),
-        tls_key_file=str(key),
+        "127.0.0.1:0", str(tmp_path / "token"), str(cert), str(key), handler
     )
     try:
         host, port = runner.addresses[0][:2]
@@ -445,4 +441,34 @@ async def test_serve_alerts_with_token_file_and_tls(
 async def test_serve_alerts_refuses_an_empty_token_file(tmp_path: Path, handler: Handler) -> None:
     (tmp_path / "token").write_text("\n")
     with pytest.raises(ValueError, match="empty"):
-        await serve_alerts("127.0.0.1:0", handler, token_file=str(tmp_path / "token"))
+        await serve_alerts("127.0.0.1:0", str(tmp_path / "token"), None, None, handler)
+
+
+async def test_handler_may_return_its_own_outcome_type() -> None:
+    """The glue's Outcome (rolled_back, unchanged, unknown as strings) is read as a result."""
+
+    class Outcome:
+        def __init__(self) -> None:
+            self.rolled_back, self.unchanged, self.unknown = 1, 0, ["ml/gone"]
+
+    async def glue(signals: list[AlertSignal]) -> Outcome:
+        return Outcome()
+
+    metrics = AlertMetrics.create()
+    async with TestClient(TestServer(make_app(TOKEN, glue, metrics=metrics))) as c:
+        status, reply = await post(c, payload(alert(), alert(fingerprint="f2")))
+    assert status == 200 and reply["changed"] == 1 and reply["ignored"] == {"unknown_target": 1}
+    assert count(metrics, "handled", outcome="changed") == 1
+
+
+async def test_serve_alerts_without_token_or_tls(handler: Handler) -> None:
+    runner = await serve_alerts("127.0.0.1:0", None, None, None, handler)
+    try:
+        host, port = runner.addresses[0][:2]
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://{host}:{port}/alerts", json=payload(alert())) as r:
+                assert r.status == 200
+            async with session.get(f"http://{host}:{port}/healthz") as r:
+                assert r.status == 200
+    finally:
+        await runner.cleanup()

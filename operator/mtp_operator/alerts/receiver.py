@@ -45,10 +45,25 @@ class ReceiveResult:
 
     changed: int = 0  # signals that changed a pool's speculative settings
     unchanged: int = 0  # handled; the policy said no change
-    unknown: Sequence[PoolRef] = ()  # targets with no such MTPInference or pool
+    unknown: Sequence[PoolRef | str] = ()  # targets with no such MTPInference or pool
 
 
-OnSignals = Callable[[list[AlertSignal]], Awaitable[ReceiveResult]]
+# The handler may return a ReceiveResult or any object with the same fields; `rolled_back`
+# is read as `changed` (the glue's own outcome type).
+OnSignals = Callable[[list[AlertSignal]], Awaitable[Any]]
+
+
+def _as_result(outcome: Any) -> ReceiveResult:
+    if outcome is None or isinstance(outcome, ReceiveResult):
+        return outcome or ReceiveResult()
+    changed = getattr(outcome, "changed", getattr(outcome, "rolled_back", 0))
+    return ReceiveResult(changed, outcome.unchanged, list(outcome.unknown))
+
+
+def _describe(ref: PoolRef | str) -> str:
+    if isinstance(ref, PoolRef):
+        return f"{ref.namespace}/{ref.mtpinference} {ref.gpu_product}"
+    return str(ref)
 
 
 class _RecentKeys:
@@ -136,7 +151,7 @@ def make_app(
         if fresh:
             try:
                 async with lock:
-                    result = await on_signals(fresh)
+                    result = _as_result(await on_signals(fresh))
             except Exception:
                 log.exception("rollback handler failed on %d alert signal(s)", len(fresh))
                 return reply(500, "handler_error", error="rollback handler failed; retry")
@@ -144,13 +159,8 @@ def make_app(
                 recent.add(key)
         if result.unknown:
             ignored["unknown_target"] = len(result.unknown)
-            for ref in sorted(set(result.unknown), key=str):
-                log.info(
-                    "alert for unknown pool %s/%s %s ignored",
-                    ref.namespace,
-                    ref.mtpinference,
-                    ref.gpu_product,
-                )
+            for name in sorted({_describe(ref) for ref in result.unknown}):
+                log.info("alert for unknown pool %s ignored", name)
         for reason, n in ignored.items():
             m.ignored.labels(reason).inc(n)
         m.handled.labels("changed").inc(result.changed)
@@ -201,11 +211,11 @@ def read_token(token_file: str) -> str:
 
 async def serve_alerts(
     address: str,
+    token_file: str | None,
+    tls_cert_file: str | None,
+    tls_key_file: str | None,
     on_signals: OnSignals,
     *,
-    token_file: str | None = None,
-    tls_cert_file: str | None = None,
-    tls_key_file: str | None = None,
     metrics: AlertMetrics | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> web.AppRunner:
