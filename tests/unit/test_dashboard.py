@@ -27,6 +27,7 @@ DASHBOARD = REPO / "charts" / "mtp-operator" / "files" / "grafana-dashboard.json
 RULES = REPO / "charts" / "mtp-operator" / "files" / "prometheus-rules.yaml"
 FACTS = REPO.parent / "shared" / "vllm-0.33.0" / "FACTS.md"
 OPERATOR_METRICS = REPO / "operator" / "mtp_operator" / "metrics.py"
+EXPORTER = REPO / "runtime" / "mtp_runtime" / "exporter.py"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 POOL_VARS = ("namespace", "mtpinference", "gpu_product")
@@ -142,11 +143,13 @@ def test_every_query_is_per_pool() -> None:
 
 def test_metric_names_exist() -> None:
     """Every series the dashboard reads is a recording rule we ship, a vLLM 0.33.0 metric named
-    in FACTS.md, an operator metric, or ALERTS; alert names exist in the rules file."""
+    in FACTS.md, an operator metric, an mtp-runtime exporter metric, or ALERTS; alert names
+    exist in the rules file."""
     recorded = _recorded_names()
     assert recorded, "files/prometheus-rules.yaml has no recording rules"
     facts = FACTS.read_text() if FACTS.exists() else ""
     operator_src = OPERATOR_METRICS.read_text()
+    exporter_src = EXPORTER.read_text()
     for where, expr in _expressions(_dashboard()):
         for name in METRIC_NAME.findall(expr):
             if name in {"ALERTS", "by", "without", "on", "ignoring", "group_left"}:
@@ -156,6 +159,8 @@ def test_metric_names_exist() -> None:
                 assert not facts or base in facts, f"{where}: {name} is not a vLLM 0.33.0 metric"
             elif name.startswith("mtp_operator_"):
                 assert f'"{name}"' in operator_src, f"{where}: operator has no metric {name}"
+            elif name.startswith("mtp_"):
+                assert f'"{name}"' in exporter_src, f"{where}: exporter has no metric {name}"
             else:
                 assert name in recorded, f"{where}: {name} is not recorded by the rules file"
     for _, expr in _expressions(_dashboard()):
