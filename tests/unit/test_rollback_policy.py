@@ -285,6 +285,9 @@ def test_state_round_trips_through_status() -> None:
         **state.status_fields(),
     }
     assert PoolRollbackState.from_pool_status(entry, spec_k=6, mtp_layers=1) == state
+    # keys the state does not use (other status fields) are ignored
+    extra = {**entry, "replicas": 2, "somethingNew": "x"}
+    assert PoolRollbackState.from_pool_status(extra, spec_k=6, mtp_layers=1) == state
     model = PoolStatus.model_validate(entry)
     assert PoolRollbackState.from_pool_status(model, spec_k=6, mtp_layers=1) == state
 

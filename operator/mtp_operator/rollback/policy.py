@@ -67,19 +67,20 @@ class PoolRollbackState:
         spec_k: int,
         mtp_layers: int | None = None,
     ) -> PoolRollbackState:
-        """From a status pool entry (the pydantic model or its camelCase dict)."""
-        p = pool if isinstance(pool, PoolStatus) else PoolStatus.model_validate(dict(pool))
+        """From a status pool entry (the pydantic model or its camelCase dict; other keys of
+        the dict are ignored)."""
+        p = pool.model_dump(by_alias=True) if isinstance(pool, PoolStatus) else pool
         return cls(
-            gpu_product=p.gpu_product,
-            current_k=p.num_speculative_tokens,
+            gpu_product=p["gpuProduct"],
+            current_k=int(p.get("numSpeculativeTokens") or 0),
             spec_k=spec_k,
             mtp_layers=mtp_layers,
-            known_good_k=p.known_good_k,
-            settings_since=parse_time(p.settings_since),
-            last_rollback_time=parse_time(p.last_rollback_time),
-            last_alert_time=parse_time(p.last_alert_time),
-            rollback_k=p.rollback_k,
-            rollback_generation=p.rollback_generation,
+            known_good_k=p.get("knownGoodK"),
+            settings_since=parse_time(p.get("settingsSince")),
+            last_rollback_time=parse_time(p.get("lastRollbackTime")),
+            last_alert_time=parse_time(p.get("lastAlertTime")),
+            rollback_k=p.get("rollbackK"),
+            rollback_generation=p.get("rollbackGeneration"),
         )
 
     def status_fields(self) -> dict[str, Any]:
