@@ -462,6 +462,9 @@ async def test_handler_may_return_its_own_outcome_type() -> None:
 
 
 async def test_serve_alerts_without_token_or_tls(handler: Handler) -> None:
+    from mtp_operator.metrics import REGISTRY
+
+    before = REGISTRY.get_sample_value("mtp_operator_alert_requests_total", {"code": "200"}) or 0
     runner = await serve_alerts("127.0.0.1:0", None, None, None, handler)
     try:
         host, port = runner.addresses[0][:2]
@@ -472,3 +475,6 @@ async def test_serve_alerts_without_token_or_tls(handler: Handler) -> None:
                 assert r.status == 200
     finally:
         await runner.cleanup()
+    # counted in the operator's own registry, which its /metrics serves
+    after = REGISTRY.get_sample_value("mtp_operator_alert_requests_total", {"code": "200"})
+    assert after == before + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -56,3 +57,11 @@ class AlertMetrics:
                 registry=reg,
             ),
         )
+
+
+@cache
+def operator_alert_metrics() -> AlertMetrics:
+    """The receiver's counters in the operator's registry (served on its /metrics), once."""
+    from ..metrics import REGISTRY
+
+    return AlertMetrics.create(REGISTRY)

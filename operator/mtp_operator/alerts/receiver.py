@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from ..rollback.signals import AlertSignal, PoolRef
-from .metrics import AlertMetrics
+from .metrics import AlertMetrics, operator_alert_metrics
 from .webhook import PayloadError, dedupe_key, parse_webhook
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,8 @@ async def serve_alerts(
     """Start the receiver on `address`; returns the runner (`await runner.cleanup()` stops it).
 
     Without a token file anyone who can reach the port can trigger rollbacks: a warning is
-    logged. TLS needs both files.
+    logged. TLS needs both files. Counters go to the operator's registry unless `metrics`
+    says otherwise.
     """
     host, port = parse_address(address)
     token = await asyncio.to_thread(read_token, token_file) if token_file else None
@@ -231,6 +232,7 @@ async def serve_alerts(
     if bool(tls_cert_file) != bool(tls_key_file):
         raise ValueError("TLS for the alerts receiver needs both a certificate and a key file")
     ssl_ctx = make_ssl_context(tls_cert_file, tls_key_file) if tls_cert_file else None  # type: ignore[arg-type]
+    metrics = metrics or operator_alert_metrics()
     app = make_app(token, on_signals, max_body_bytes=max_body_bytes, metrics=metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
