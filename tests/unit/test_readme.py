@@ -1,0 +1,151 @@
+"""README.md can't drift from what it documents: the CRD's fields, the GPU profile table, the
+chart values, the alert and recording-rule names, the quickstart and the Makefile targets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mtp_runtime.gpu_profiles import DEFAULT_K, DEFAULT_PROFILES
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+CRD = yaml.safe_load((REPO / "crds" / "mtp-operator.io_mtpinferences.yaml").read_text())
+SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+VALUES = yaml.safe_load((REPO / "charts" / "mtp-operator" / "values.yaml").read_text())
+RULES = REPO / "charts" / "mtp-operator" / "files" / "prometheus-rules.yaml"
+
+
+def _section(title: str) -> str:
+    """The text of a `## title` section, up to the next `## ` heading."""
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.M | re.S)
+    assert m, f"README has no section '## {title}'"
+    return m.group(1)
+
+
+def _subsection(section: str, title: str) -> str:
+    m = re.search(rf"^### {re.escape(title)}\n(.*?)(?=^### |\Z)", section, re.M | re.S)
+    assert m, f"README has no subsection '### {title}'"
+    return m.group(1)
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("|") and not re.match(r"^\|[-| ]+\|$", line):
+            rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def _paths(props: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for name, schema in props.items():
+        out.append(prefix + name)
+        if schema.get("type") == "object" and "properties" in schema:
+            out += _paths(schema["properties"], prefix + name + ".")
+    return out
+
+
+def test_every_spec_field_is_in_the_reference_table() -> None:
+    table = _subsection(_section("MTPInference reference"), "spec")
+    documented = {row[0].strip("`") for row in _table_rows(table)[1:]}
+    fields = set(_paths(SCHEMA["spec"]["properties"]))
+    assert fields - documented == set(), "fields missing from the README's spec table"
+    assert documented - fields == set(), "README documents fields the CRD doesn't have"
+
+
+def test_spec_defaults_in_the_table_match_the_crd() -> None:
+    table = _subsection(_section("MTPInference reference"), "spec")
+    rows = {row[0].strip("`"): row for row in _table_rows(table)[1:]}
+
+    def walk(props: dict[str, Any], prefix: str = "") -> None:
+        for name, schema in props.items():
+            if "default" in schema and not isinstance(schema["default"], dict):
+                default = schema["default"]
+                shown = rows[prefix + name][2].strip("`")
+                want = str(default).lower() if isinstance(default, bool) else str(default)
+                assert shown in (want, f"{default:.2f}" if isinstance(default, float) else want), (
+                    f"{prefix}{name}: README says {shown}, CRD default {default}")
+            if schema.get("type") == "object" and "properties" in schema:
+                walk(schema["properties"], prefix + name + ".")
+
+    walk(SCHEMA["spec"]["properties"])
+
+
+def test_every_status_field_is_in_the_status_table() -> None:
+    table = _subsection(_section("MTPInference reference"), "status")
+    documented = {row[0].strip("`") for row in _table_rows(table)[1:]}
+    assert set(SCHEMA["status"]["properties"]) == documented
+
+
+def test_gpu_profile_table_is_the_default_table() -> None:
+    rows = _table_rows(_section("GPU profiles"))
+    assert rows[0] == ["family", "K", "reason"]
+    want = [[p.family, str(p.k), p.reason] for p in DEFAULT_PROFILES]
+    want.append(["any other GPU", str(DEFAULT_K), "default"])
+    assert rows[1:] == want
+
+
+def test_chart_values_table_names_real_values() -> None:
+    section = _section("Install with Helm")
+    rows = [r for r in _table_rows(section) if r and r[0].startswith("`")]
+    assert rows, "no chart values table"
+    for row in rows:
+        for path in re.findall(r"`([a-zA-Z.]+)`", row[0]):
+            node: Any = VALUES
+            for key in path.split("."):
+                assert isinstance(node, dict) and key in node, f"README names unknown value {path}"
+                node = node[key]
+
+
+def test_quickstart_is_exactly_two_commands() -> None:
+    blocks = re.findall(r"```sh\n(.*?)```", _section("Quickstart"), re.S)
+    assert blocks and blocks[0].split("\n")[:-1] == ["make demo", "make test"]
+    makefile = (REPO / "Makefile").read_text()
+    for target in ("demo", "test"):
+        assert re.search(rf"^{target}:", makefile, re.M), f"Makefile has no {target} target"
+
+
+def test_alert_and_rule_names_exist() -> None:
+    if not RULES.exists():
+        pytest.skip("rules file not written yet")
+    doc = yaml.safe_load(RULES.read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    records = {r["record"] for r in rules if "record" in r}
+    alerts = {r["alert"] for r in rules if "alert" in r}
+    for name in set(re.findall(r"`(mtp:[a-z_:]+)`", README)):
+        assert name in records, f"README names recording rule {name}, not in the rules file"
+    assert alerts == {"MTPHitRateLow", "MTPErrorPropagationHigh"}
+    for alert in alerts:
+        assert f"`{alert}`" in _section("Alerts and rollback")
+
+
+def test_exporter_and_operator_metric_names_exist() -> None:
+    exporter = (REPO / "runtime" / "mtp_runtime" / "exporter.py").read_text()
+    operator = (REPO / "operator" / "mtp_operator" / "metrics.py").read_text()
+    for name in set(re.findall(r"`(mtp_[a-z_]+)`", README)) - {"mtp_num_hidden_layers"}:
+        assert f'"{name}"' in exporter + operator, f"README names unknown metric {name}"
+    for name in set(re.findall(r"`(mtp_operator_[a-z_]+)", README)):
+        assert f'"{name}"' in operator, name
+
+
+def test_examples_named_in_the_readme_exist() -> None:
+    for name in set(re.findall(r"examples/([\w.-]+\.yaml)", README)):
+        assert (REPO / "examples" / name).exists(), name
+
+
+def test_paths_named_in_the_readme_exist() -> None:
+    for path in set(re.findall(r"`((?:charts|tests|operator|runtime|crds)/[\w./-]+)`", README)):
+        assert (REPO / path).exists(), f"README names {path}, which doesn't exist"
+
+
+def test_todo_markers_are_for_the_lead() -> None:
+    """Unfinished parts are marked TODO(lead), so they can be found before a release."""
+    assert "TODO(lead)" in _section("Alerts and rollback")
+    assert not re.search(r"TODO(?!\(lead\))", README)
