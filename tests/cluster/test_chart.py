@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support.chart import (  # noqa: E402
+from support.chart import (
     CHART,
     CLUSTER_RULES,
     LEASE_RULES,
@@ -90,7 +90,8 @@ def test_helm_install_creates_the_objects(sandbox, kubectl, release) -> None:
     assert container["image"] == "ghcr.io/mtp-operator/mtp-operator:0.1.0"
     assert f"--lease-namespace={ns}" in container["args"]
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == full
-    for kind, name in (("serviceaccount", full), ("service", full), ("secret", f"{full}-alerts-token"),
+    for kind, name in (("serviceaccount", full), ("service", full),
+                       ("secret", f"{full}-alerts-token"),
                        ("configmap", f"{full}-settings"), ("configmap", f"{full}-dashboard"),
                        ("role", f"{full}-leader-election"),
                        ("rolebinding", f"{full}-leader-election")):

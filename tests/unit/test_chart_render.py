@@ -17,7 +17,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support.chart import (  # noqa: E402
+from mtp_operator import naming
+from mtp_operator.settings import OperatorSettings
+from support.chart import (
     CHART,
     CLUSTER_RULES,
     KUBE_VERSION,
@@ -30,9 +32,6 @@ from support.chart import (  # noqa: E402
     rule_triples,
     template_args,
 )
-
-from mtp_operator import naming  # noqa: E402
-from mtp_operator.settings import OperatorSettings  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -241,8 +240,8 @@ def test_token_secret_created_on_request() -> None:
     secret = find(objects, "Secret", "am-token")
     assert base64.b64decode(secret["data"]["bearer"]).decode() == TOKEN
     assert "--alerts-token-file=/var/run/secrets/mtp-operator/alerts/bearer" in _args(objects)
-    volume = [v for v in find(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
-              if v["name"] == "alerts-token"][0]
+    volume = next(v for v in find(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+                  if v["name"] == "alerts-token")
     assert volume["secret"] == {"secretName": "am-token",
                                 "items": [{"key": "bearer", "path": "bearer"}]}
 

@@ -120,7 +120,8 @@ def test_every_dashboard_expression_passes_promtool(tmp_path: Path) -> None:
 def test_promtool_rejects_a_broken_expression(tmp_path: Path) -> None:
     """The check above really parses PromQL (guards against a promtool that accepts anything)."""
     path = tmp_path / "bad.yaml"
-    bad = {"record": "x:y:z", "expr": _substitute("sum by (gpu_product (rate(x[$__rate_interval]))")}
+    broken = "sum by (gpu_product (rate(x[$__rate_interval]))"
+    bad = {"record": "x:y:z", "expr": _substitute(broken)}
     path.write_text(yaml.safe_dump({"groups": [{"name": "bad", "rules": [bad]}]}))
     assert _promtool("check", "rules", str(path)).returncode != 0
 

@@ -11,10 +11,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import mtp_runtime
 import pytest
 import yaml
-
-import mtp_runtime
 
 pytestmark = pytest.mark.unit
 
@@ -221,7 +220,9 @@ def test_runtime_runs_as_non_root(dockerfile: Dockerfile) -> None:
 
 
 def test_ports_match_the_operator_contract(dockerfile: Dockerfile) -> None:
-    expose = lambda s: {int(p.split("/")[0]) for i in s.all("EXPOSE") for p in i.args.split()}
+    def expose(stage: Stage) -> set[int]:
+        return {int(p.split("/")[0]) for i in stage.all("EXPOSE") for p in i.args.split()}
+
     assert expose(dockerfile.stage("runtime")) == {8000, 9400}
     assert expose(dockerfile.stage("operator")) == {8443, 8080}
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from mtp_runtime.gpu_profiles import DEFAULT_K, DEFAULT_PROFILES
 
 pytestmark = pytest.mark.unit
