@@ -33,6 +33,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS / "sandbox"))
+sys.path.insert(0, str(TESTS))  # tests/support is importable as `support`
 
 _DIR_MARKERS = {"unit": "unit", "cluster": "cluster", "e2e": "e2e"}
 
@@ -102,7 +103,34 @@ def namespace(request: pytest.FixtureRequest, sandbox, kubectl) -> Iterator[str]
     try:
         yield name
     finally:
-        kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+        _delete_namespace(kubectl, name)
+
+
+def _delete_namespace(kubectl, name: str, timeout: float = 90) -> None:
+    """Deletes the namespace and waits until its pods are gone, so that the next test finds
+    the simulated GPUs free again. The namespace controller only starts deleting a
+    namespace's pods ~5 s after the namespace is marked for deletion, and removes the Namespace
+    ~10 s after; so once the namespace is Terminating (no new pods can be created in it) its
+    pods are deleted right away with grace period 0, and the Namespace object is left to go in
+    its own time."""
+    kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+    kubectl(
+        "delete",
+        "pods",
+        "--all",
+        "-n",
+        name,
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+        check=False,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p = kubectl("get", "pods", "-n", name, "-o", "name", check=False)
+        if p.returncode == 0 and not p.stdout.strip():
+            return
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

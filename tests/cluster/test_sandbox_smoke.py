@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
@@ -157,3 +158,44 @@ def test_pod_asking_for_nine_gpus_stays_pending(kubectl, namespace):
     got = _json(kubectl, "get", "pod", "gpu-9", "-n", namespace)
     assert got["status"]["phase"] == "Pending"
     assert not got["spec"].get("nodeName")
+
+
+@pytest.fixture
+def private_sandbox(tmp_path_factory):
+    """A second, private sandbox: the restart below must not disturb the shared one, which
+    other test sessions may be using."""
+    from sandbox import Sandbox
+
+    sb = Sandbox(tmp_path_factory.mktemp("private-sandbox"))
+    sb.up()
+    try:
+        yield sb
+    finally:
+        sb.down()
+        assert not sb.leftover_processes()
+
+
+def test_apiserver_and_etcd_restart_keep_state(private_sandbox):
+    """stop_component/start_component (for the outage drills): same ports, certs and data."""
+    sb = private_sandbox
+    sb.kubectl("create", "namespace", "drill")
+    sb.kubectl("create", "configmap", "survivor", "-n", "drill", "--from-literal=a=1")
+    t0 = time.monotonic()
+    sb.stop_component("kube-apiserver", sig=signal.SIGKILL)
+    sb.stop_component("etcd", sig=signal.SIGKILL)  # a crash, not a clean stop
+    assert sb.kubectl("get", "namespaces", "--request-timeout=2s", check=False).returncode != 0
+    sb.start_component("etcd")
+    sb.start_component("kube-apiserver")
+    assert time.monotonic() - t0 < 30
+    got = sb.kubectl("get", "configmap", "survivor", "-n", "drill", "-o", "jsonpath={.data.a}")
+    assert got.stdout == "1"
+    assert sb.is_running()
+    # controllers, scheduler and kwok reconnected: a Deployment still rolls out
+    _wait(
+        lambda: sb.kubectl("get", "sa", "default", "-n", "drill", check=False).returncode == 0,
+        60,
+        "default ServiceAccount",
+    )
+    sb.kubectl("create", "deployment", "after-restart", "-n", "drill", "--image=busybox")
+    sb.kubectl("rollout", "status", "deployment/after-restart", "-n", "drill", "--timeout=90s")
+    assert sb.nodes_ready()[0]

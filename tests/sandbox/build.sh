@@ -13,15 +13,33 @@ export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
 
 log() { printf '[sandbox-build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-# build_cached NAME VERSION FUNC: runs FUNC OUTDIR unless CACHE/bin/NAME-VERSION/NAME exists.
+# The cache directory for the Kubernetes binaries keeps its historical name
+# kube-apiserver-<version> although it holds kube-apiserver, kube-controller-manager,
+# kube-scheduler and kubectl.
+KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+complete() {  # complete DIR FILE...: every FILE is an executable (or a directory) in DIR
+  local dir=$1 f; shift
+  for f in "$@"; do [[ -x "$dir/$f" ]] || return 1; done
+}
+
+# build_cached NAME VERSION FUNC FILE...: runs FUNC TMPDIR VERSION unless CACHE/bin/NAME-VERSION
+# already holds every FILE; the result is moved into place only when FUNC succeeded.
 build_cached() {
-  local name=$1 version=$2 fn=$3 out="$CACHE/bin/$1-$2"
-  if [[ -x "$out/$name" ]]; then return 0; fi
+  local name=$1 version=$2 fn=$3 out="$CACHE/bin/$1-$2"; shift 3
+  if complete "$out" "$@"; then return 0; fi
+  command -v go >/dev/null || { log "ERROR: go not found on PATH (Go >= 1.26 needed)"; exit 1; }
   local tmp; tmp=$(mktemp -d "$CACHE/tmp.XXXXXX")
+  TMPDIRS+=("$tmp")
   local start=$SECONDS
   log "building $name $version (cold build; this takes minutes)"
-  "$fn" "$tmp" "$version"
-  mkdir -p "$out" && mv "$tmp"/* "$out"/ && rm -rf "$tmp"
+  # a heartbeat, since compiling kube-apiserver prints nothing for minutes
+  ( while sleep 30; do log "  ... still building $name ($((SECONDS - start)) s)"; done ) &
+  BEAT=$! BUILDING="$name $version"
+  "$fn" "$tmp" "$version"  # not in an `if`: errexit must stay in force inside the function
+  kill "$BEAT" 2>/dev/null; wait "$BEAT" 2>/dev/null || true
+  BEAT="" BUILDING=""
+  chmod 755 "$tmp" && rm -rf "$out" && mkdir -p "$(dirname "$out")" && mv "$tmp" "$out"
   log "built $name $version in $((SECONDS - start)) s -> $out"
 }
 
@@ -45,7 +63,7 @@ build_kube() {  # the wrapper module replaces every staging module k8s.io/kubern
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
   (cd "$mod" && log "resolving k8s.io/kubernetes $version modules" && go mod tidy >&2)
-  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for c in "${KUBE_BINS[@]}"; do
     log "  compiling $c"
     (cd "$mod" && go build -trimpath -ldflags "$ld" -o "$out/$c" "k8s.io/kubernetes/cmd/$c")
   done
@@ -78,18 +96,38 @@ build_helm() {
 }
 
 mkdir -p "$CACHE/bin"
+TMPDIRS=() BEAT="" BUILDING=""
+on_exit() {
+  local rc=$?
+  if [[ -n $BEAT ]]; then kill "$BEAT" 2>/dev/null || true; fi
+  if ((${#TMPDIRS[@]})); then rm -rf "${TMPDIRS[@]}"; fi
+  if [[ $rc -ne 0 && -n $BUILDING ]]; then log "ERROR: building $BUILDING failed (exit $rc)"; fi
+}
+trap on_exit EXIT
+# one build at a time per cache (two checkouts or CI jobs may share it); a warm run that finds
+# everything in place does not wait for the lock
+all_cached() {
+  complete "$CACHE/bin/etcd-$ETCD_VERSION" etcd &&
+    complete "$CACHE/bin/kwok-$KWOK_VERSION" kwok stages &&
+    complete "$CACHE/bin/helm-$HELM_VERSION" helm &&
+    complete "$CACHE/bin/kube-apiserver-$KUBE_VERSION" "${KUBE_BINS[@]}"
+}
+if ! all_cached; then
+  exec 9>"$CACHE/build.lock"
+  if ! flock -n 9; then log "another build holds $CACHE/build.lock; waiting"; flock 9; fi
+fi
 total=$SECONDS
-build_cached etcd "$ETCD_VERSION" build_etcd
-build_cached kwok "$KWOK_VERSION" build_kwok
-build_cached helm "$HELM_VERSION" build_helm
-build_cached kube-apiserver "$KUBE_VERSION" build_kube
+build_cached etcd "$ETCD_VERSION" build_etcd etcd
+build_cached kwok "$KWOK_VERSION" build_kwok kwok stages
+build_cached helm "$HELM_VERSION" build_helm helm
+build_cached kube-apiserver "$KUBE_VERSION" build_kube "${KUBE_BINS[@]}"
 # one directory of links, so callers need a single PATH entry
 mkdir -p "$CACHE/current"
 ln -sfn "$CACHE/bin/etcd-$ETCD_VERSION/etcd" "$CACHE/current/etcd"
 ln -sfn "$CACHE/bin/kwok-$KWOK_VERSION/kwok" "$CACHE/current/kwok"
 ln -sfn "$CACHE/bin/kwok-$KWOK_VERSION/stages" "$CACHE/current/kwok-stages"
 ln -sfn "$CACHE/bin/helm-$HELM_VERSION/helm" "$CACHE/current/helm"
-for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+for c in "${KUBE_BINS[@]}"; do
   ln -sfn "$CACHE/bin/kube-apiserver-$KUBE_VERSION/$c" "$CACHE/current/$c"
 done
 if (( SECONDS - total > 1 )); then log "all sandbox binaries ready in $((SECONDS - total)) s"; fi

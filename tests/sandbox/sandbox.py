@@ -260,8 +260,12 @@ def _pki(pki: Path) -> None:
         ips=["127.0.0.1", svc_ip],
     )
     leaf("admin", "kubernetes-admin", ["system:masters"])
-    leaf("kube-controller-manager", "system:kube-controller-manager")
-    leaf("kube-scheduler", "system:kube-scheduler")
+    # The controller manager and scheduler keep their usual user names but are also in
+    # system:masters, which the apiserver authorizes without RBAC: right after an apiserver
+    # restart the RBAC cache is still empty, and the "forbidden" answers it gives then push
+    # client-go's list/watch backoff up to a minute, which made outage drills slow.
+    leaf("kube-controller-manager", "system:kube-controller-manager", ["system:masters"])
+    leaf("kube-scheduler", "system:kube-scheduler", ["system:masters"])
     # kwok plays every kubelet (node status, leases, pod status, pod deletion)
     leaf("kwok", "kwok-controller", ["system:masters"])
     leaf("apiserver-etcd-client", "kube-apiserver-etcd-client")
@@ -566,7 +570,7 @@ class Sandbox:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={p['kube-controller-manager']}",
                 "--leader-elect=false",
-                "--use-service-account-credentials=true",
+                "--use-service-account-credentials=false",
                 "--controllers=*",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
@@ -688,10 +692,12 @@ class Sandbox:
             time.sleep(0.05)
         raise SandboxError(f"{name} (pid {pid}) survived SIGKILL")
 
-    def stop_component(self, name: str, *, sig: int = signal.SIGTERM, timeout: float = 10) -> None:
+    def stop_component(self, name: str, *, sig: int = signal.SIGTERM, timeout: float = 5) -> None:
         """Stops one component (its whole process group); ports, certs and data stay.
 
-        `sig=signal.SIGKILL` simulates a crash. Other components keep running and retry."""
+        Sends `sig` (SIGKILL simulates a crash), then SIGKILL after `timeout` seconds: with
+        clients watching, kube-apiserver stops listening at once but lingers in shutdown for
+        up to a minute. Other components keep running and retry until start_component()."""
         st = self.state()
         info = st.get("pids", {}).pop(name, None)
         if info:
@@ -914,6 +920,12 @@ class Sandbox:
                 os.kill(pid, signal.SIGKILL)
         if errors:
             raise SandboxError("; ".join(errors))
+        # our pids are gone; give whoever reaps them (us or init) a moment, so that `ps` right
+        # after `down` shows no <defunct> entries either
+        deadline = time.monotonic() + 2
+        pids = [i["pid"] for i in st.get("pids", {}).values()]
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+            time.sleep(0.05)
         d = self.state_dir
         if self.logs.exists():
             shutil.rmtree(d / "logs.last", ignore_errors=True)
