@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from mtp_runtime.gpu_profiles import entries_for
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 from mtp_runtime.vllm_command import DEFAULT_PORT, build_argv, build_env
 
@@ -53,8 +54,9 @@ def pool_config(
         serve=plan.serve,
         gpu_product=plan.gpu_product,
         k_mode=plan.k_mode,  # type: ignore[arg-type]
-        profiles=dict(spec.speculative.profiles or {}),
-        cluster_overrides=dict(cluster_profiles),
+        # only this product's entries: editing another GPU's entry must not roll this pool
+        profiles=entries_for(spec.speculative.profiles, plan.gpu_product),
+        cluster_overrides=entries_for(cluster_profiles, plan.gpu_product),
         max_speculative_tokens=spec.speculative.max_speculative_tokens,
     )
 

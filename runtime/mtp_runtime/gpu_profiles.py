@@ -98,6 +98,20 @@ def _lookup(table: Mapping[str, int], product: str) -> int | None:
     return None
 
 
+def entries_for(table: Mapping[str, int] | None, product: str) -> dict[str, int]:
+    """The entries of an override table that apply to `product` (its exact name or family).
+
+    A pool's pods carry only these, so editing another GPU's entry never rolls this pool.
+    """
+    family = product_family(product)
+    wanted = normalize_product(product).lower()
+    return {
+        key: k
+        for key, k in (table or {}).items()
+        if normalize_product(key).lower() == wanted or (family and key.upper() == family)
+    }
+
+
 def default_k(product: str, cluster_overrides: Mapping[str, int] | None = None) -> int:
     """The cluster's K for a GPU product: the cluster-wide overrides, then the default table."""
     if cluster_overrides:

@@ -1,0 +1,1 @@
+from support.cluster_fixtures import crd_installed, operator, start_operator  # noqa: F401

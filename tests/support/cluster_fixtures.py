@@ -1,0 +1,60 @@
+"""Fixtures shared by tests/cluster and tests/e2e (imported by their conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.operator_proc import OperatorProcess
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
+
+
+@pytest.fixture(scope="session")
+def crd_installed(kubectl) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/mtpinferences.mtp-operator.io",
+            "--timeout=60s")
+
+
+@pytest.fixture
+def start_operator(kubeconfig, crd_installed, tmp_path) -> Iterator[Callable[..., OperatorProcess]]:
+    """start_operator(*args) → a running OperatorProcess; all are stopped after the test."""
+    started: list[OperatorProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> OperatorProcess:
+        op = OperatorProcess(Path(kubeconfig), tmp_path / "operator", args, env).start()
+        started.append(op)
+        return op
+
+    yield start
+    for op in started:
+        op.stop()
+
+
+@pytest.fixture
+def operator(start_operator, namespace) -> OperatorProcess:
+    """The operator watching only this test's namespace, evaluator off."""
+    return start_operator("--namespace", namespace, "--no-evaluator")
+
+
+def get_json(kubectl, *args: str) -> Any:
+    return json.loads(kubectl("get", *args, "-o", "json").stdout)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.25,
+             message: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {message}; last: {last!r}")
