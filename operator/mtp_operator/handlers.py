@@ -14,7 +14,14 @@ from typing import Any
 import kopf
 
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
-from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, LABEL_MANAGED_BY, MANAGED_BY
+from mtp_operator.naming import (
+    ANNOTATION_GPU_PRODUCT,
+    LABEL_GPU_PRODUCT,
+    LABEL_MANAGED_BY,
+    LABEL_RESOURCE,
+    MANAGED_BY,
+    label_value,
+)
 from mtp_operator.planning import GPUNode, gpu_node_from_body
 from mtp_operator.reconciler import Key, Reconciler, TransientReconcileError
 
@@ -40,6 +47,7 @@ class KopfView:
         self.nodes: Any = None
         self.deployments: Any = None
         self.services: Any = None
+        self.pods: Any = None
 
     @property
     def ready(self) -> bool:
@@ -51,6 +59,7 @@ class KopfView:
             self.nodes = kwargs["gpu_node_index"]
             self.deployments = kwargs["pool_deployment_index"]
             self.services = kwargs["service_index"]
+            self.pods = kwargs["pool_pod_index"]
 
     def resource(self, key: Key) -> Mapping[str, Any] | None:
         for body in self.resources.get(key, ()):
@@ -72,6 +81,11 @@ class KopfView:
             if product:
                 out[product] = body
         return out
+
+    def pool_pod_ips(self, key: Key, product: str) -> dict[str, str]:
+        """Ready pods of one pool: {pod name: pod IP}."""
+        index_key = (key[0], label_value(key[1]), label_value(product))
+        return dict(self.pods.get(index_key, ()))
 
     def has_service(self, key: Key) -> bool:
         return bool(list(self.services.get(key, ())))
@@ -101,6 +115,17 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
     def service_index(body: kopf.Body, **_: Any) -> dict | None:
         key = owner_key(body)
         return {key: True} if key else None
+
+    @kopf.index("v1", "pods", labels=OWNED, id="pool_pod_index", registry=registry)
+    def pool_pod_index(namespace: str, name: str, labels: Any, status: Any, **_: Any):
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        if not ready or not status.get("podIP") or LABEL_GPU_PRODUCT not in labels:
+            return None
+        key = (namespace, labels.get(LABEL_RESOURCE), labels[LABEL_GPU_PRODUCT])
+        return {key: (name, status["podIP"])}
 
     @kopf.on.event(*mtpi, registry=registry)
     async def resource_changed(event: dict, namespace: str, name: str, **kw: Any) -> None:
