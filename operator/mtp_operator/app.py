@@ -58,13 +58,21 @@ async def _serve_metrics(address: str, ready: asyncio.Event) -> web.AppRunner:
         )
 
     async def healthz(_: web.Request) -> web.Response:
+        # liveness: the event loop answers (a follower waiting for the lease is healthy)
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        # readiness: this replica acts (holds the lease, handlers running), so the webhook
+        # Service sends alerts only to the leader
         return web.Response(
-            text="ok" if ready.is_set() else "starting", status=200 if ready.is_set() else 503
+            text="ready" if ready.is_set() else "not leading",
+            status=200 if ready.is_set() else 503,
         )
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_address(address)

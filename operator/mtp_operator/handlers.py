@@ -171,6 +171,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = [1, 2, 5, 10]
     settings.batching.worker_limit = 64
+    # Our resources are known; no CRD/namespace scanning (and no RBAC for it).
+    settings.scanning.disabled = True
     # Every handled event would otherwise log a line; real problems still log as warnings.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)

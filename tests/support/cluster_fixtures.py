@@ -19,8 +19,9 @@ CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
 @pytest.fixture(scope="session")
 def crd_installed(kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/mtpinferences.mtp-operator.io",
-            "--timeout=60s")
+    kubectl(
+        "wait", "--for=condition=Established", "crd/mtpinferences.mtp-operator.io", "--timeout=60s"
+    )
 
 
 @pytest.fixture
@@ -28,10 +29,10 @@ def start_operator(kubeconfig, crd_installed, tmp_path) -> Iterator[Callable[...
     """start_operator(*args) → a running OperatorProcess; all are stopped after the test."""
     started: list[OperatorProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> OperatorProcess:
-        op = OperatorProcess(Path(kubeconfig), tmp_path / "operator", args, env).start()
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> OperatorProcess:
+        op = OperatorProcess(Path(kubeconfig), tmp_path / "operator", args, env)
         started.append(op)
-        return op
+        return op.start(ready=ready)
 
     yield start
     for op in started:
@@ -48,8 +49,12 @@ def get_json(kubectl, *args: str) -> Any:
     return json.loads(kubectl("get", *args, "-o", "json").stdout)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.25,
-             message: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 60,
+    interval: float = 0.25,
+    message: str = "condition",
+) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:

@@ -37,19 +37,29 @@ class OperatorProcess:
         self.log_path = log_dir / f"operator-{self.metrics_port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 60) -> OperatorProcess:
-        cmd = [sys.executable, "-m", "mtp_operator.cli", "run",
-               "--metrics-address", f"127.0.0.1:{self.metrics_port}", *self.args]
+    def start(self, timeout: float = 60, ready: bool = True) -> OperatorProcess:
+        """Start and wait until /readyz (acting) or, with ready=False, /healthz (alive)."""
+        cmd = [
+            sys.executable,
+            "-m",
+            "mtp_operator.cli",
+            "run",
+            "--metrics-address",
+            f"127.0.0.1:{self.metrics_port}",
+            *self.args,
+        ]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self._log = open(self.log_path, "ab")  # closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"operator exited {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.url("/healthz"), timeout=1) as r:
+                path = "/readyz" if ready else "/healthz"
+                with urllib.request.urlopen(self.url(path), timeout=1) as r:
                     if r.status == 200:
                         return self
             except OSError:
@@ -66,7 +76,7 @@ class OperatorProcess:
             text = r.read().decode()
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"):
+            if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
