@@ -68,6 +68,17 @@ def fitting_products(spec: MTPInferenceSpec, nodes: Iterable[GPUNode]) -> list[s
     return sorted(found)
 
 
+def no_fit_problem(spec: MTPInferenceSpec) -> tuple[str, str]:
+    """Why no pool can be placed, naming the field most likely to blame."""
+    field = "gpuProducts" if spec.gpu_products is not None else "tensorParallelSize"
+    message = f"no schedulable node has {spec.tensor_parallel_size} allocatable nvidia.com/gpu"
+    if spec.gpu_products is not None:
+        message += f" among gpuProducts {spec.gpu_products}"
+    if spec.node_selector:
+        message += f" and matches nodeSelector {spec.node_selector}"
+    return field, message
+
+
 @dataclass(frozen=True)
 class PoolPlan:
     gpu_product: str

@@ -18,10 +18,18 @@ from typing import Any, Protocol
 from lightkube import ApiError
 
 from mtp_operator import builders
+from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
 from mtp_operator.drift import drifted_fields
 from mtp_operator.metrics import OPERATOR_METRICS
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_SETTINGS_HASH
-from mtp_operator.planning import GPUNode, PlanError, PoolPlan, fitting_products, plan_pool
+from mtp_operator.planning import (
+    GPUNode,
+    PlanError,
+    PoolPlan,
+    fitting_products,
+    no_fit_problem,
+    plan_pool,
+)
 from mtp_operator.rollback.policy import format_time
 from mtp_operator.rollback.state import pool_rollback_state
 from mtp_operator.settings import OperatorSettings
@@ -145,26 +153,12 @@ class Reconciler:
         now = self.clock()
         rollback = pool_rollback_state(previous, meta, generation, now)
         plans: list[PoolPlan] = []
-        no_fit = None
+        blocked_reason = REASON_INVALID_SPEC
         if spec is not None and not found:
             products = fitting_products(spec, self.view.gpu_nodes())
             if not products:
                 # Keep what serves now (a bad edit must not tear pools down); say why.
-                no_fit = (
-                    f"no schedulable node has {spec.tensor_parallel_size} allocatable "
-                    f"nvidia.com/gpu"
-                    + (
-                        f" among gpuProducts {spec.gpu_products}"
-                        if spec.gpu_products is not None
-                        else ""
-                    )
-                    + (
-                        f" and matches nodeSelector {spec.node_selector}"
-                        if spec.node_selector
-                        else ""
-                    )
-                )
-                products = sorted(observed)
+                found, blocked_reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
             try:
                 plans = [
                     plan_pool(spec, p, self.settings.gpu_profiles, rollback.k_for(p))
@@ -184,11 +178,12 @@ class Reconciler:
                     rollback_state={},
                     settings_hashes={},
                     problems=found,
+                    problem_reason=blocked_reason,
                 ),
                 format_time(now),
             )
             if status_changed(previous, status):
-                await self.kube.event(body, "InvalidSpec", problems_text(found), "Warning")
+                await self.kube.event(body, blocked_reason, problems_text(found), "Warning")
             await self.write_status(key, body, previous, status)
             return
 
@@ -237,7 +232,6 @@ class Reconciler:
                     plans, spec.rollback, spec.speculative.mtp_layers
                 ),
                 settings_hashes=hashes,
-                no_fit_message=no_fit,
                 apply_error=apply_error,
                 removed=removed,
             ),

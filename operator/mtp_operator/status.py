@@ -50,7 +50,7 @@ class StatusInput:
     rollback_state: Mapping[str, Mapping[str, Any]]  # by GPU product: rollback fields to keep
     settings_hashes: Mapping[str, str]
     problems: Sequence[tuple[str, str]] = ()  # spec problems: reported, pools left as they were
-    no_fit_message: str | None = None
+    problem_reason: str = c.REASON_INVALID_SPEC  # or NoFittingNodes
     apply_error: str | None = None
     removed: Sequence[str] = field(default_factory=list)
 
@@ -79,13 +79,14 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
         # The spec can't be served as written: say so, and leave the pools as they were.
         message = "; ".join(f"{f}: {m}" for f, m in i.problems)
         wanted = [
-            c.Want(c.DEGRADED, True, c.REASON_INVALID_SPEC, message),
-            c.Want(c.PROGRESSING, False, c.REASON_INVALID_SPEC, "spec change not applied"),
+            c.Want(c.DEGRADED, True, i.problem_reason, message),
+            c.Want(c.PROGRESSING, False, i.problem_reason, "spec change not applied"),
         ]
+        invalid = i.problem_reason == c.REASON_INVALID_SPEC
         return {
             **{k: v for k, v in i.previous.items() if k != "conditions"},
             "observedGeneration": i.generation,
-            "phase": "Invalid",
+            "phase": "Invalid" if invalid else "Degraded",
             "conditions": c.merge(prev_conditions, wanted, now, i.generation),
         }
 
@@ -101,9 +102,7 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
     rolled_back = [p for p in pools if p["source"] == "rollback"]
 
     wanted = []
-    if i.no_fit_message:
-        wanted.append(c.Want(c.DEGRADED, True, c.REASON_NO_FITTING_NODES, i.no_fit_message))
-    elif i.apply_error:
+    if i.apply_error:
         wanted.append(c.Want(c.DEGRADED, True, c.REASON_APPLY_FAILED, i.apply_error))
     else:
         wanted.append(c.Want(c.DEGRADED, False, c.REASON_HEALTHY))
@@ -128,7 +127,7 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
     else:
         wanted.append(c.Want(c.ROLLED_BACK, False, c.REASON_NOT_ROLLED_BACK))
 
-    if i.no_fit_message or i.apply_error:
+    if i.apply_error:
         phase = "Degraded"
     elif all_ready:
         phase = "Ready"
