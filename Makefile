@@ -7,6 +7,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# importlib mode: test files in different folders may share a basename (test_examples.py)
+PYTEST := $(PY) -m pytest --import-mode=importlib
 
 .PHONY: help install build-sandbox monitoring sandbox sandbox-down sandbox-status test test-unit \
         lint demo bench
@@ -44,10 +46,10 @@ sandbox-status:
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tests/sandbox/sandbox.py status
 
 test: install build-sandbox monitoring
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 test-unit: install
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
