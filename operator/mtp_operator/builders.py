@@ -64,7 +64,7 @@ def pool_config(
 def _resources(spec: MTPInferenceSpec) -> dict[str, Any]:
     resources = json.loads(json.dumps(spec.resources or {}))
     gpus = str(spec.tensor_parallel_size)
-    resources.setdefault("limits", {})[GPU_RESOURCE] = gpus
+    resources["limits"] = {**(resources.get("limits") or {}), GPU_RESOURCE: gpus}
     if GPU_RESOURCE in (resources.get("requests") or {}):
         resources["requests"][GPU_RESOURCE] = gpus
     return resources
@@ -133,9 +133,14 @@ def _pod_spec(spec: MTPInferenceSpec, plan: PoolPlan, config: PoolConfig, image:
     return pod
 
 
-def settings_hash(pod_spec: Mapping[str, Any], replicas: int) -> str:
-    canonical = json.dumps({"pod": pod_spec, "replicas": replicas}, sort_keys=True)
-    return short_hash(canonical, 16)
+def settings_hash(pod_spec: Mapping[str, Any], replicas: int | None = None) -> str:
+    """The pool's settings digest. With `replicas` (the Deployment's annotation and
+    status.pools[].settingsHash) a scale is a settings change; without it (the pod template's
+    annotation) only the pod spec counts, so scaling a pool never restarts its pods."""
+    settings: dict[str, Any] = {"pod": pod_spec}
+    if replicas is not None:
+        settings["replicas"] = replicas
+    return short_hash(json.dumps(settings, sort_keys=True), 16)
 
 
 def pool_deployment(
@@ -178,7 +183,7 @@ def pool_deployment(
             "template": {
                 "metadata": {
                     "labels": dict(labels),
-                    "annotations": {ANNOTATION_SETTINGS_HASH: digest},
+                    "annotations": {ANNOTATION_SETTINGS_HASH: settings_hash(pod_spec)},
                 },
                 "spec": pod_spec,
             },

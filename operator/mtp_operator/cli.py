@@ -90,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         from mtp_operator.render import RenderError, render_documents
 
-        text = sys.stdin.read() if str(args.filename) == "-" else args.filename.read_text()
+        try:
+            text = sys.stdin.read() if str(args.filename) == "-" else args.filename.read_text()
+        except OSError as err:
+            print(f"error: {args.filename}: {err.strerror or err}", file=sys.stderr)
+            return 2
         try:
             sys.stdout.write(render_documents(text, args.gpu_product or None, settings))
         except RenderError as err:

@@ -50,7 +50,8 @@ def merge(
     for want in wanted:
         status = "True" if want.status else "False"
         prev = old.get(want.type)
-        since = prev["lastTransitionTime"] if prev and prev.get("status") == status else now
+        prev_status = (prev or {}).get("status")
+        since = ((prev or {}).get("lastTransitionTime") if prev_status == status else None) or now
         out[want.type] = {
             "type": want.type,
             "status": status,

@@ -56,7 +56,10 @@ def pool_deployment_name(resource: str, product: str) -> str:
 
 def service_name(resource: str) -> str:
     # Never plain `vllm`: Kubernetes would inject VLLM_PORT=tcp://..., which vLLM misreads.
-    return dns_label(resource, "openai")
+    name = dns_label(resource, "openai")
+    # A Service name is a DNS-1035 label (it starts with a letter); a resource name may start
+    # with a digit (`7b-chat`).
+    return name if name[:1].isalpha() else dns_label("mtpi", resource, "openai")
 
 
 def label_value(value: str) -> str:

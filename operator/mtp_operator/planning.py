@@ -147,9 +147,22 @@ def plan_pool(
 
 
 def validate_spec(spec: MTPInferenceSpec) -> list[tuple[str, str]]:
-    """Problems the API server's schema cannot see, checked without any cluster state."""
+    """Problems the API server's schema cannot see, checked without any cluster state.
+
+    Every speculative.profiles entry is checked too (as a pool of the GPU it names would plan
+    it), so a bad entry is reported whether or not the cluster has that GPU right now.
+    """
     try:
         plan_pool(spec, "validation-probe")
     except PlanError as err:
         return err.problems
-    return []
+    found: list[tuple[str, str]] = []
+    for key, k in sorted((spec.speculative.profiles or {}).items()):
+        if k < 0:
+            found.append((f"speculative.profiles[{key}]", f"{k}: K must be 0 (off) or more"))
+            continue
+        try:
+            plan_pool(spec, key)
+        except PlanError as err:
+            found += [p for p in err.problems if p not in found]
+    return found

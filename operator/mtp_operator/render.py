@@ -43,12 +43,12 @@ def render_resource(
         raise RenderError("metadata.name: required")
     spec, found = spec_problems(doc.get("spec") or {})
     if found or spec is None:
-        raise RenderError("; ".join(f"spec.{f}: {m}" for f, m in found))
+        raise RenderError("; ".join(f"{_spec_field(f)}: {m}" for f, m in found))
     chosen = list(products or spec.gpu_products or DEFAULT_PRODUCTS)
     try:
         plans = [plan_pool(spec, p, settings.gpu_profiles) for p in chosen]
     except PlanError as err:
-        raise RenderError("; ".join(f"spec.{f}: {m}" for f, m in err.problems)) from err
+        raise RenderError("; ".join(f"{_spec_field(f)}: {m}" for f, m in err.problems)) from err
     return builders.desired_objects(
         name,
         meta.get("namespace", "default"),
@@ -60,11 +60,19 @@ def render_resource(
     )
 
 
+def _spec_field(field: str) -> str:
+    return field if field == "spec" else f"spec.{field}"
+
+
 def render_documents(
     text: str, products: Sequence[str] | None = None, settings: OperatorSettings | None = None
 ) -> str:
     objs: list[dict[str, Any]] = []
-    for doc in _docs(yaml.safe_load_all(text)):
+    try:
+        docs = list(_docs(yaml.safe_load_all(text)))
+    except yaml.YAMLError as err:
+        raise RenderError(f"not valid YAML: {err}") from err
+    for doc in docs:
         objs += render_resource(doc, products, settings)
     return yaml.safe_dump_all(objs, sort_keys=False, width=120)
 

@@ -17,14 +17,22 @@ from mtp_operator.planning import validate_spec
 Problem = tuple[str, str]
 
 
+_UNION_BRANCHES = frozenset({"int", "str", "float", "bool"})
+
+
 def _field(loc: tuple[Any, ...]) -> str:
-    # pydantic reports union branches as extra path parts ("int", "literal['auto']")
-    parts = [str(p) for p in loc if not str(p).startswith(("int", "literal[", "str"))]
+    # pydantic reports union branches as extra path parts ("int", "str", "literal['auto']");
+    # user keys such as a nodeSelector key `strategy` are path parts too and must stay
+    parts = [
+        str(p) for p in loc if str(p) not in _UNION_BRANCHES and not str(p).startswith("literal[")
+    ]
     return ".".join(parts) or "spec"
 
 
 def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None, list[Problem]]:
     """Parse and check a spec: (spec, []) or (spec or None, [(field, message), ...])."""
+    if not isinstance(raw_spec, Mapping):
+        return None, [("spec", f"must be an object, not {type(raw_spec).__name__}")]
     try:
         spec = MTPInferenceSpec.model_validate(dict(raw_spec))
     except ValidationError as err:

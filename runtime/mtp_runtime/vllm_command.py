@@ -104,7 +104,10 @@ class SettingsError(ValueError):
 
 
 def _flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0].split(".", 1)[0]
+    """`--max_model_len=8k` → `--max-model-len`, `-sc.method` → `-sc`: the flag vLLM sees
+    (its FlexibleArgumentParser accepts underscores for dashes in long options)."""
+    name = arg.split("=", 1)[0].split(".", 1)[0]
+    return name.replace("_", "-") if name.startswith("--") else name
 
 
 def problems(s: ServeSettings) -> list[tuple[str, str]]:
@@ -131,9 +134,11 @@ def problems(s: ServeSettings) -> list[tuple[str, str]]:
     if s.model_source not in MODEL_SOURCES:
         found.append(("modelSource", f"must be one of {', '.join(MODEL_SOURCES)}"))
     for arg in s.extra_args:
-        if _flag_name(arg) in RESERVED_FLAGS:
+        flag, written = _flag_name(arg), arg.split("=", 1)[0]
+        if flag in RESERVED_FLAGS:
+            shown = flag if written == flag else f"{written} ({flag})"
             found.append(
-                ("extraArgs", f"{_flag_name(arg)} is set by the operator from the spec; use "
+                ("extraArgs", f"{shown} is set by the operator from the spec; use "
                  "the matching spec field instead")
             )
     return found
