@@ -120,6 +120,9 @@ async def run(opts: RunOptions) -> int:
         if evaluator_on:
             interval = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
             tasks.append(asyncio.create_task(actions.run_evaluator(interval)))
+        tasks.append(
+            asyncio.create_task(handlers.resync_loop(reconciler, view, handlers.RESYNC_SECONDS))
+        )
         operator = asyncio.create_task(
             kopf.operator(
                 registry=registry,

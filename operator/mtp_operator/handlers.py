@@ -1,12 +1,14 @@
 """Thin kopf handlers: they keep in-memory views of the cluster and ask the reconciler to act.
 
-Only watch-event handlers, indexes and a timer are used: none of them makes kopf write
-progress annotations or finalizers, so the operator never edits the user's objects (GitOps
-sees no drift) and a steady state makes no writes at all.
+Only watch-event handlers and indexes are used (no kopf timers or daemons, which would add
+finalizers): kopf writes no progress annotations or finalizers, so the operator never edits
+the user's objects (GitOps sees no drift, and deleting a resource never waits for the
+operator), and a steady state makes no writes at all. The periodic resync is `resync_loop`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -135,12 +137,6 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
             return
         await _reconcile(reconciler, (namespace, name))
 
-    @kopf.timer(*mtpi, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS, registry=registry)
-    async def resync(namespace: str, name: str, **kw: Any) -> None:
-        """Retries after API errors, and lets time-based rollback state (known-good) advance."""
-        view.bind(kw)
-        await _reconcile(reconciler, (namespace, name))
-
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node_changed(**kw: Any) -> None:
         view.bind(kw)
@@ -153,6 +149,16 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         key = owner_key(body)
         if key:
             await _reconcile(reconciler, key)
+
+
+async def resync_loop(reconciler: Reconciler, view: KopfView, interval: float) -> None:
+    """Reconcile everything every `interval` seconds: retries after API errors and lets
+    time-based rollback state (known-good promotion) advance. Unchanged objects cost no
+    API request."""
+    while True:
+        await asyncio.sleep(interval)
+        if view.ready:
+            await reconciler.reconcile_all()
 
 
 async def _reconcile(reconciler: Reconciler, key: Key) -> None:

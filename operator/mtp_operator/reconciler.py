@@ -109,7 +109,12 @@ class Reconciler:
         return changed
 
     async def reconcile_all(self) -> None:
-        await asyncio.gather(*(self.reconcile(k) for k in list(self.view.resource_keys())))
+        """Reconcile every resource; one failing (reported in its status) stops no other."""
+        keys = list(self.view.resource_keys())
+        results = await asyncio.gather(*(self.reconcile(k) for k in keys), return_exceptions=True)
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("reconcile %s/%s failed: %s", key[0], key[1], result)
 
     # ---- the work ---------------------------------------------------------------------
     def current_status(self, key: Key, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -131,7 +131,6 @@ def _can_i(kubectl, release, *args: str) -> bool:
 
 ALLOWED = [
     ("watch", "mtpinferences.mtp-operator.io", "--all-namespaces"),
-    ("patch", "mtpinferences.mtp-operator.io", "-n", "team-a"),
     ("patch", "mtpinferences.mtp-operator.io", "--subresource=status", "-n", "team-a"),
     ("create", "deployments.apps", "-n", "team-a"),
     ("delete", "deployments.apps", "-n", "team-a"),
@@ -139,13 +138,15 @@ ALLOWED = [
     ("list", "nodes"),
     ("list", "pods", "--all-namespaces"),
     ("create", "events", "-n", "team-a"),
-    ("create", "events.events.k8s.io", "-n", "team-a"),
 ]
 REFUSED = [
     ("get", "secrets", "-n", "{ns}"),
     ("list", "secrets", "--all-namespaces"),
     ("get", "configmaps", "-n", "{ns}"),
     ("update", "mtpinferences.mtp-operator.io", "-n", "team-a"),  # never writes the spec
+    ("patch", "mtpinferences.mtp-operator.io", "-n", "team-a"),  # nor metadata
+    ("get", "secrets", "--all-namespaces"),
+    ("delete", "services", "-n", "team-a"),  # the garbage collector removes them
     ("delete", "mtpinferences.mtp-operator.io", "-n", "team-a"),
     ("create", "mtpinferences.mtp-operator.io", "-n", "team-a"),
     ("update", "deployments.apps", "-n", "team-a"),

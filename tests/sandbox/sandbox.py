@@ -78,6 +78,17 @@ KWOK_STAGES = (
 )
 
 
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
+
+
 class SandboxError(RuntimeError):
     """A sandbox operation failed; the message names the component and shows its log tail."""
 
@@ -397,6 +408,11 @@ class Sandbox:
         return self.state_dir / "pki"
 
     @property
+    def audit_log(self) -> Path:
+        """kube-apiserver's audit log (JSON lines; ServiceAccount requests, Metadata level)."""
+        return self.logs / "audit.log"
+
+    @property
     def logs(self) -> Path:
         return self.state_dir / "logs"
 
@@ -539,8 +555,16 @@ class Sandbox:
                 "--log-level=warn",
             ]
         if name == "kube-apiserver":
+            policy = d / "audit-policy.yaml"
+            policy.write_text(AUDIT_POLICY)
             return [
                 str(self.bin("kube-apiserver")),
+                # who did what, for ServiceAccounts only: tests check the operator's RBAC
+                # against the requests it really made (tests/cluster/test_chart_rbac.py)
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-maxsize=200",
+                "--audit-log-maxbackup=1",
                 f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",

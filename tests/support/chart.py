@@ -22,14 +22,13 @@ SANDBOX_BIN = Path(
 # The documented RBAC (README "Install with Helm" / the lead's contract): (apiGroup, resource,
 # verb), cluster-wide, plus the lease rules namespaced in the release namespace. Nothing else.
 CLUSTER_RULES: frozenset[tuple[str, str, str]] = frozenset(
-    [("mtp-operator.io", "mtpinferences", v) for v in ("get", "list", "watch", "patch")]
-    + [("mtp-operator.io", "mtpinferences/status", v) for v in ("get", "patch")]
-    + [("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "delete")]
-    + [("", "services", v) for v in ("get", "list", "watch", "create", "patch", "delete")]
-    + [("", "nodes", v) for v in ("get", "list", "watch")]
-    + [("", "pods", v) for v in ("get", "list", "watch")]
-    + [("", "events", v) for v in ("create", "patch")]
-    + [("events.k8s.io", "events", v) for v in ("create", "patch")]
+    [("mtp-operator.io", "mtpinferences", v) for v in ("list", "watch")]
+    + [("mtp-operator.io", "mtpinferences/status", "patch")]
+    + [("apps", "deployments", v) for v in ("list", "watch", "create", "patch", "delete")]
+    + [("", "services", v) for v in ("list", "watch", "create", "patch")]
+    + [("", "nodes", v) for v in ("list", "watch")]
+    + [("", "pods", v) for v in ("list", "watch")]
+    + [("", "events", "create")]
 )
 LEASE_RULES: frozenset[tuple[str, str, str]] = frozenset(
     ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")

@@ -153,9 +153,9 @@ def test_deployment_security_and_probes(default: list[dict[str, Any]]) -> None:
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "alerts",
-                                               "scheme": "HTTP"}
+    # alive while waiting for the lease; ready (and sent alerts) only while leading
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"alerts": 8443, "metrics": 8080}
     assert container["image"] == "ghcr.io/mtp-operator/mtp-operator:0.1.0"
@@ -246,10 +246,9 @@ def test_token_secret_created_on_request() -> None:
                                 "items": [{"key": "bearer", "path": "bearer"}]}
 
 
-def test_tls_switches_probes_to_https() -> None:
+def test_tls_serves_the_webhook_with_the_secret() -> None:
     objects = render(values=["alerts.tls.secretName=webhook-tls"])
     container = _container(objects)
-    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert "--alerts-tls-cert=/var/run/secrets/mtp-operator/tls/tls.crt" in container["args"]
     assert "--alerts-tls-key=/var/run/secrets/mtp-operator/tls/tls.key" in container["args"]
 
