@@ -14,7 +14,11 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 ROLLED_BACK = "SpeculationRolledBack"
-ORDER = (READY, PROGRESSING, DEGRADED, ROLLED_BACK)
+# kstatus' names (Flux `wait: true`, kubectl wait): mirrors of Progressing and of a Degraded
+# that only a spec change can fix.
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+ORDER = (READY, PROGRESSING, DEGRADED, ROLLED_BACK, RECONCILING, STALLED)
 
 # Reasons, named so users and tools can match on them.
 REASON_ALL_POOLS_READY = "AllPoolsReady"
@@ -64,6 +68,17 @@ def merge(
         out.setdefault(ctype, cond)
     rank = {t: i for i, t in enumerate(ORDER)}
     return sorted(out.values(), key=lambda c: (rank.get(c["type"], len(ORDER)), c["type"]))
+
+
+def with_kstatus(wanted: list[Want], stalled: bool) -> list[Want]:
+    """Add kstatus' Reconciling (= Progressing) and Stalled conditions to `wanted`."""
+    progressing = next(w for w in wanted if w.type == PROGRESSING)
+    degraded = next(w for w in wanted if w.type == DEGRADED)
+    return [
+        *wanted,
+        Want(RECONCILING, progressing.status, progressing.reason, progressing.message),
+        Want(STALLED, stalled and degraded.status, degraded.reason, degraded.message),
+    ]
 
 
 def same_ignoring_time(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:

@@ -83,6 +83,7 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
             c.Want(c.PROGRESSING, False, i.problem_reason, "spec change not applied"),
         ]
         invalid = i.problem_reason == c.REASON_INVALID_SPEC
+        wanted = c.with_kstatus(wanted, stalled=True)
         return {
             **{k: v for k, v in i.previous.items() if k != "conditions"},
             "observedGeneration": i.generation,
@@ -127,6 +128,7 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
     else:
         wanted.append(c.Want(c.ROLLED_BACK, False, c.REASON_NOT_ROLLED_BACK))
 
+    wanted = c.with_kstatus(wanted, stalled=False)  # an API error is retried, not stalled
     if i.apply_error:
         phase = "Degraded"
     elif all_ready:
