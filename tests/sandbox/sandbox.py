@@ -783,12 +783,17 @@ class Sandbox:
                 self._down_locked()
             t0 = time.monotonic()
             self.build()
-            try:
-                self._up_locked(timeout, started_by)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    self._down_locked(quiet=True)
-                raise
+            for attempt in (1, 2):
+                try:
+                    self._up_locked(timeout, started_by)
+                    break
+                except BaseException as e:
+                    with contextlib.suppress(Exception):
+                        self._down_locked(quiet=True)
+                    # a free port picked for one component can be taken before it binds
+                    if attempt == 2 or "address already in use" not in str(e):
+                        raise
+                    _log("a port was taken meanwhile; starting again on fresh ports")
             _log(f"sandbox up in {time.monotonic() - t0:.1f} s ({self.apiserver_url})")
             return self.kubeconfig
 
