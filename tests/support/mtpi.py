@@ -1,0 +1,88 @@
+"""Small helpers for tests that drive MTPInference resources through kubectl (real sandbox)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from support.cluster_fixtures import get_json, wait_for
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+H200 = "NVIDIA-H200"
+A100 = "NVIDIA-A100-SXM4-80GB"
+L40S = "NVIDIA-L40S"
+PRODUCTS = (A100, H100, H200, L40S)
+
+ANNOTATION_RESET = "mtp-operator.io/reset-rollback"
+
+
+def manifest(name: str, **spec: Any) -> str:
+    spec.setdefault("model", "deepseek-ai/DeepSeek-V3")
+    return yaml.safe_dump(
+        {"apiVersion": "mtp-operator.io/v1alpha1", "kind": "MTPInference",
+         "metadata": {"name": name}, "spec": spec}
+    )
+
+
+def apply(kubectl, namespace: str, name: str, **spec: Any) -> None:
+    kubectl("apply", "-n", namespace, "-f", "-", input=manifest(name, **spec))
+
+
+def resource(kubectl, namespace: str, name: str) -> dict:
+    return get_json(kubectl, "mtpi", name, "-n", namespace)
+
+
+def condition(obj: dict, ctype: str) -> dict:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return c
+    return {}
+
+
+def pool(obj: dict, product: str) -> dict:
+    for p in (obj.get("status") or {}).get("pools") or []:
+        if p["gpuProduct"] == product:
+            return p
+    raise KeyError(f"no pool {product} in {obj['metadata']['name']}'s status")
+
+
+def pool_ks(obj: dict) -> dict[str, int]:
+    return {p["gpuProduct"]: p["numSpeculativeTokens"] for p in obj["status"]["pools"]}
+
+
+def wait_ready(kubectl, namespace: str, name: str, timeout: float = 90) -> dict:
+    def ready():
+        obj = resource(kubectl, namespace, name)
+        st = obj.get("status") or {}
+        gen = obj["metadata"]["generation"]
+        return obj if st.get("phase") == "Ready" and st.get("observedGeneration") == gen else None
+
+    return wait_for(ready, timeout, message=f"{name} Ready")
+
+
+def deployments(kubectl, namespace: str, name: str | None = None) -> dict[str, dict]:
+    """{gpu product: Deployment} of one resource (or of all, when only one exists)."""
+    selector = ["-l", f"mtp-operator.io/mtpinference={name}"] if name else []
+    items = get_json(kubectl, "deployments", "-n", namespace, *selector)["items"]
+    return {d["metadata"]["annotations"]["mtp-operator.io/gpu-product"]: d for d in items}
+
+
+def settings_hashes(deps: dict[str, dict]) -> dict[str, str]:
+    return {p: d["metadata"]["annotations"]["mtp-operator.io/settings-hash"]
+            for p, d in deps.items()}
+
+
+def runtime_k(dep: dict) -> int:
+    """K in the pod template's MTP_RUNTIME_CONFIG (what the runtime in the pod will run)."""
+    import json
+
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    value = next(e["value"] for e in env if e["name"] == "MTP_RUNTIME_CONFIG")
+    return int(json.loads(value)["serve"]["num_speculative_tokens"])
+
+
+def events(kubectl, namespace: str, reason: str, name: str | None = None) -> list[dict]:
+    items = get_json(kubectl, "events", "-n", namespace)["items"]
+    return [e for e in items if e.get("reason") == reason
+            and (name is None or e["involvedObject"].get("name") == name)]
