@@ -86,3 +86,19 @@ def events(kubectl, namespace: str, reason: str, name: str | None = None) -> lis
     items = get_json(kubectl, "events", "-n", namespace)["items"]
     return [e for e in items if e.get("reason") == reason
             and (name is None or e["involvedObject"].get("name") == name)]
+
+
+def metric(op: Any, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` on the operator's /metrics whose labels include `labels`."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(op.url("/metrics"), timeout=5) as r:
+        text = r.read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total

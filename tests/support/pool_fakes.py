@@ -17,6 +17,12 @@ GPU product), so Prometheus and the operator's evaluator see live rates.
 
 Knobs are keyed by GPU product, or by (resource name, GPU product) for one resource's pool.
 
+With `file_sd=PATH` it also writes a Prometheus file_sd target list of the namespace's pool
+pods carrying the `__meta_kubernetes_*` labels Prometheus' Kubernetes pod discovery would give
+(namespace, pod name, pod labels, container port name, readiness), one target per container
+port, so a scrape config can apply a PodMonitor's own relabelings. (Debian's Prometheus has no
+Kubernetes discovery built in.)
+
 `PoolWatch` watches the namespace's pool Deployments and records each change of a pool's
 settings (K, settings hash, vllm command) with its time, for "only this pool changed" checks
 and reaction-time measurements.
@@ -63,6 +69,11 @@ def pod_k(pod: Any) -> int | None:
     return None
 
 
+def sanitize_label(label: str) -> str:
+    """A Kubernetes label key as a Prometheus label name part (as Kubernetes SD does)."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in label)
+
+
 def _ready(pod: Any) -> bool:
     conds = (pod.status.conditions if pod.status else None) or []
     return any(c.type == "Ready" and c.status == "True" for c in conds)
@@ -91,6 +102,7 @@ class PoolFakes:
         poll: float = 0.3,
         seed: int = 0,
         model_name: str = "fake-model",
+        file_sd: str | Path | None = None,
     ) -> None:
         self.client = Client(KubeConfig.from_file(str(kubeconfig)))
         self.namespace = namespace
@@ -103,6 +115,8 @@ class PoolFakes:
         self.poll = poll
         self.seed = seed
         self.model_name = model_name
+        self.file_sd = Path(file_sd) if file_sd else None
+        self._sd_text: str | None = None
         self.served: dict[str, Served] = {}  # by pod name
         self.errors: list[str] = []
         self._lock = threading.RLock()
@@ -141,7 +155,10 @@ class PoolFakes:
     # -- following pods -----------------------------------------------------------------
     def _pods(self) -> dict[str, tuple[str, str, str, int]]:
         out = {}
-        for pod in self.client.list(Pod, namespace=self.namespace, labels={LABEL_RESOURCE: None}):
+        pods = list(self.client.list(Pod, namespace=self.namespace, labels={LABEL_RESOURCE: None}))
+        if self.file_sd is not None:
+            self._write_file_sd(pods)
+        for pod in pods:
             meta, status = pod.metadata, pod.status
             if meta.deletionTimestamp or not status or not status.podIP or not _ready(pod):
                 continue
@@ -151,6 +168,43 @@ class PoolFakes:
             labels = meta.labels or {}
             out[meta.name] = (labels[LABEL_RESOURCE], labels[LABEL_GPU_PRODUCT], status.podIP, k)
         return out
+
+    def _write_file_sd(self, pods: list[Any]) -> None:
+        groups = []
+        for pod in sorted(pods, key=lambda p: p.metadata.name):
+            meta, status = pod.metadata, pod.status
+            if not status or not status.podIP or meta.deletionTimestamp:
+                continue
+            labels = {
+                "__meta_kubernetes_namespace": meta.namespace,
+                "__meta_kubernetes_pod_name": meta.name,
+                "__meta_kubernetes_pod_ip": status.podIP,
+                "__meta_kubernetes_pod_ready": "true" if _ready(pod) else "false",
+                "__meta_kubernetes_pod_node_name": (pod.spec.nodeName or ""),
+            }
+            for key, value in (meta.labels or {}).items():
+                labels[f"__meta_kubernetes_pod_label_{sanitize_label(key)}"] = value
+                labels[f"__meta_kubernetes_pod_labelpresent_{sanitize_label(key)}"] = "true"
+            for container in pod.spec.containers or []:
+                for port in container.ports or []:
+                    groups.append({
+                        "targets": [f"{status.podIP}:{port.containerPort}"],
+                        "labels": {
+                            **labels,
+                            "__meta_kubernetes_pod_container_name": container.name,
+                            "__meta_kubernetes_pod_container_port_name": port.name or "",
+                            "__meta_kubernetes_pod_container_port_number":
+                                str(port.containerPort),
+                        },
+                    })
+        text = json.dumps(groups, indent=1)
+        if text == self._sd_text:
+            return
+        assert self.file_sd is not None
+        tmp = self.file_sd.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.file_sd)  # atomic: Prometheus never reads half a file
+        self._sd_text = text
 
     def sync(self) -> None:
         """Bring the fakes in line with the namespace's Ready pool pods (also run by a thread)."""
