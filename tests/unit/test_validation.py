@@ -1,0 +1,162 @@
+"""validation.spec_problems: every invalid spec gives (field, message) pairs that name the
+field and say what is wrong, from the pydantic models and from the operator's own checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec
+from mtp_operator.validation import problems_text, spec_problems
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _with(**fields: Any) -> dict[str, Any]:
+    return {"model": "org/model", **fields}
+
+
+# (spec, field, text in the message)
+INVALID: list[tuple[str, dict[str, Any], str, str]] = [
+    # ---- the models (the API server's schema says the same) ----
+    ("missing model", {}, "model", "Field required"),
+    ("empty model", {"model": ""}, "model", "at least 1 character"),
+    ("model not a string", {"model": 7}, "model", "valid string"),
+    ("negative replicas", _with(replicas=-1), "replicas", "greater than or equal to 0"),
+    ("replicas a word", _with(replicas="two"), "replicas", "valid integer"),
+    ("replicas fractional", _with(replicas=1.5), "replicas", "valid integer"),
+    ("tensorParallelSize 0", _with(tensorParallelSize=0), "tensorParallelSize",
+     "greater than or equal to 1"),
+    ("tensorParallelSize 65", _with(tensorParallelSize=65), "tensorParallelSize", "64"),
+    ("modelSource enum", _with(modelSource="s3"), "modelSource", "'huggingface' or 'modelscope'"),
+    ("maxModelLen a list", _with(maxModelLen=[1]), "maxModelLen", "valid"),
+    ("gpuProducts a string", _with(gpuProducts="H100"), "gpuProducts", "valid list"),
+    ("gpuProducts empty item", _with(gpuProducts=[""]), "gpuProducts.0", "at least 1 character"),
+    ("nodeSelector value", _with(nodeSelector={"strategy": 1}), "nodeSelector.strategy",
+     "valid string"),
+    ("env not a list", _with(env="HF_TOKEN=x"), "env", "valid list"),
+    ("extraArgs not a list", _with(extraArgs="--enforce-eager"), "extraArgs", "valid list"),
+    ("unknown field", _with(replica=2), "replica", "Extra inputs are not permitted"),
+    ("K a word", _with(speculative={"numSpeculativeTokens": "many"}),
+     "speculative.numSpeculativeTokens", "'auto'"),
+    ("empty method", _with(speculative={"method": ""}), "speculative.method",
+     "at least 1 character"),
+    ("mtpLayers 0", _with(speculative={"mtpLayers": 0}), "speculative.mtpLayers",
+     "greater than or equal to 1"),
+    ("cap negative", _with(speculative={"maxSpeculativeTokens": -1}),
+     "speculative.maxSpeculativeTokens", "greater than or equal to 0"),
+    ("profile K a word", _with(speculative={"profiles": {"H100": "six"}}),
+     "speculative.profiles.H100", "valid integer"),
+    ("unknown speculative field", _with(speculative={"k": 2}), "speculative.k",
+     "Extra inputs are not permitted"),
+    ("hit rate above 1", _with(rollback={"minHitRate": 1.5}), "rollback.minHitRate",
+     "less than or equal to 1"),
+    ("cooldown negative", _with(rollback={"cooldownSeconds": -1}), "rollback.cooldownSeconds",
+     "greater than or equal to 0"),
+    ("enabled a word", _with(rollback={"enabled": "maybe"}), "rollback.enabled", "valid boolean"),
+    ("window 0", _with(rollback={"windowSeconds": 0}), "rollback.windowSeconds",
+     "greater than or equal to 1"),
+    # ---- the operator's own checks (vLLM 0.33.0's rules) ----
+    ("negative K", _with(speculative={"numSpeculativeTokens": -1}),
+     "speculative.numSpeculativeTokens", "0 (off) or more"),
+    ("non-MTP method", _with(speculative={"method": "eagle"}), "speculative.method",
+     "'eagle' is not an MTP method vLLM 0.33.0 accepts"),
+    ("ngram method", _with(speculative={"method": "ngram", "numSpeculativeTokens": 2}),
+     "speculative.method", "not an MTP method"),
+    ("K above the cap", _with(speculative={"numSpeculativeTokens": 5, "maxSpeculativeTokens": 4}),
+     "speculative.numSpeculativeTokens", "5 exceeds speculative.maxSpeculativeTokens=4"),
+    ("K not a multiple of the depth",
+     _with(speculative={"numSpeculativeTokens": 3, "mtpLayers": 2}),
+     "speculative.numSpeculativeTokens", "3 is not valid for a model with mtpLayers=2"),
+    ("profile K not a multiple of the depth",
+     _with(speculative={"mtpLayers": 2, "profiles": {"H100": 3}}),
+     "speculative.profiles[H100]", "3 is not valid for a model with mtpLayers=2"),
+    ("exact-product profile K", _with(speculative={"mtpLayers": 4, "profiles": {"NVIDIA-L40S": 6}}),
+     "speculative.profiles[NVIDIA-L40S]", "multiple of it (4, 8, 12, ...), or at most 4"),
+    ("negative profile K", _with(speculative={"profiles": {"T4": -1}}),
+     "speculative.profiles[T4]", "0 (off) or more"),
+    ("reserved --port", _with(extraArgs=["--port", "9000"]), "extraArgs",
+     "--port is set by the operator"),
+    ("reserved --port=", _with(extraArgs=["--port=9000"]), "extraArgs", "--port is set"),
+    ("reserved -sc.method", _with(extraArgs=["-sc.method", "ngram"]), "extraArgs",
+     "-sc.method (-sc) is set by the operator"),
+    ("reserved -tp", _with(extraArgs=["-tp", "2"]), "extraArgs", "-tp is set"),
+    ("reserved --speculative-config.", _with(extraArgs=["--speculative-config.method=ngram"]),
+     "extraArgs", "(--speculative-config)"),
+    ("reserved with underscores", _with(extraArgs=["--max_model_len=8192"]), "extraArgs",
+     "--max_model_len (--max-model-len) is set by the operator"),
+    ("reserved --served-model-name", _with(extraArgs=["--served-model-name", "x"]), "extraArgs",
+     "use the matching spec field instead"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "text"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID]
+)
+def test_invalid_spec_names_the_field(spec: dict[str, Any], field: str, text: str) -> None:
+    _, found = spec_problems(spec)
+    assert found, f"{spec} passed validation"
+    assert any(f == field and text in m for f, m in found), found
+    for f, m in found:
+        # clear messages: a field path, a sentence, no pydantic links or reprs
+        assert f and not f.startswith(".") and ".." not in f
+        assert m and "errors.pydantic.dev" not in m and "input_value" not in m
+        assert "int." not in f and "literal[" not in f
+
+
+def test_table_size() -> None:
+    assert len(INVALID) >= 20
+    assert len({c[0] for c in INVALID}) == len(INVALID)
+
+
+def test_model_level_problems_return_no_spec_operator_level_ones_do() -> None:
+    parsed, found = spec_problems({"replicas": -1})
+    assert parsed is None and {f for f, _ in found} == {"model", "replicas"}
+    parsed, found = spec_problems(_with(speculative={"method": "eagle"}))
+    assert isinstance(parsed, MTPInferenceSpec) and found
+
+
+def test_all_problems_reported_at_once_sorted_and_deduplicated() -> None:
+    _, found = spec_problems({"replicas": -1, "tensorParallelSize": 0, "modelSource": "x"})
+    assert [f for f, _ in found] == ["model", "modelSource", "replicas", "tensorParallelSize"]
+    assert found == sorted(set(found))
+
+
+@pytest.mark.parametrize("raw", ["a string", ["list"], 7])
+def test_spec_that_is_not_an_object(raw: Any) -> None:
+    assert spec_problems(raw) == (None, [("spec", f"must be an object, not {type(raw).__name__}")])
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"model": "m"},
+        _with(speculative={"numSpeculativeTokens": 0, "method": "eagle"}),  # off: any method
+        _with(speculative={"numSpeculativeTokens": 4, "mtpLayers": 2}),
+        _with(speculative={"numSpeculativeTokens": 1, "mtpLayers": 2}),
+        _with(speculative={"mtpLayers": 4}),  # table K lowered to fit, not an error
+        _with(speculative={"maxSpeculativeTokens": 2, "profiles": {"H100": 6}}),  # capped
+        _with(maxModelLen="32k", extraArgs=["--enforce-eager", "--gpu-memory-utilization=0.9"]),
+        _with(extraArgs=["--port-range-note"]),  # only whole flag names are reserved
+        _with(speculative={"method": "deepseek_mtp", "numSpeculativeTokens": "auto"}),
+        _with(replicas=0),
+    ],
+)
+def test_valid_specs(spec: dict[str, Any]) -> None:
+    parsed, found = spec_problems(spec)
+    assert found == [] and isinstance(parsed, MTPInferenceSpec)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    assert spec_problems(yaml.safe_load(path.read_text())["spec"])[1] == []
+
+
+def test_problems_text() -> None:
+    assert problems_text([("model", "Field required"), ("replicas", "too low")]) == (
+        "model: Field required; replicas: too low"
+    )
+    assert problems_text([]) == ""
