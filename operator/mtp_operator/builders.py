@@ -10,10 +10,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from mtp_runtime.gpu_profiles import entries_for
-from mtp_runtime.pool_config import ENV_VAR, PoolConfig
-from mtp_runtime.vllm_command import DEFAULT_PORT, build_argv, build_env
-
 from mtp_operator.api.v1alpha1 import GROUP, KIND, VERSION, MTPInferenceSpec
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
@@ -31,6 +27,9 @@ from mtp_operator.naming import (
     short_hash,
 )
 from mtp_operator.planning import PoolPlan
+from mtp_runtime.gpu_profiles import entries_for
+from mtp_runtime.pool_config import ENV_VAR, PoolConfig
+from mtp_runtime.vllm_command import DEFAULT_PORT, build_argv, build_env
 
 METRICS_PORT = 9400
 FIELD_MANAGER = "mtp-operator"

@@ -11,11 +11,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mtp_runtime.gpu_profiles import KError, KRequest, resolve_k
-from mtp_runtime.vllm_command import ServeSettings, problems
-
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, PoolSource
 from mtp_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from mtp_runtime.gpu_profiles import KError, KRequest, resolve_k
+from mtp_runtime.vllm_command import ServeSettings, problems
 
 
 @dataclass(frozen=True)
