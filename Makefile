@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST := $(PY) -m pytest --import-mode=importlib
 
 .PHONY: help install build-sandbox monitoring sandbox sandbox-down sandbox-status test test-unit \
-        lint demo bench
+        lint crds demo bench
 
 help:
 	@echo "make install        .venv with mtp-operator[dev] (editable)"
@@ -20,6 +20,7 @@ help:
 	@echo "make test           install everything (Python, Go builds, Prometheus) and run all tests"
 	@echo "make test-unit      unit tests only (no sandbox)"
 	@echo "make lint           ruff"
+	@echo "make crds           regenerate crds/ and the chart's copy from the pydantic models"
 	@echo "make demo           sandbox up, then tests/sandbox/demo.sh"
 	@echo "make bench          python bench/run.py"
 
@@ -53,6 +54,10 @@ test-unit: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+crds: install
+	$(PY) -m mtp_operator.cli crd > crds/mtp-operator.io_mtpinferences.yaml
+	cp crds/mtp-operator.io_mtpinferences.yaml charts/mtp-operator/crds/
 
 demo: install build-sandbox
 	@PYTHON=$(PY) bash tests/sandbox/demo.sh

@@ -32,9 +32,9 @@ STATUS = ROOT["properties"]["status"]
 def test_crds_file_is_the_generated_crd() -> None:
     assert CRD_FILE.read_text() == crdmod.crd_yaml(), (
         "crds/mtp-operator.io_mtpinferences.yaml is out of date with "
-        "operator/mtp_operator/api/v1alpha1.py: regenerate it with "
-        "`mtp-operator crd > crds/mtp-operator.io_mtpinferences.yaml` (make crds), then copy it "
-        "to charts/mtp-operator/crds/"
+        "operator/mtp_operator/api/v1alpha1.py: regenerate it with `make crds` (that is, "
+        "`mtp-operator crd > crds/mtp-operator.io_mtpinferences.yaml` and a copy to "
+        "charts/mtp-operator/crds/)"
     )
     assert yaml.safe_load(CRD_FILE.read_text()) == CRD
 
