@@ -8,7 +8,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 # importlib mode: test files in different folders may share a basename (test_examples.py)
-PYTEST := $(PY) -m pytest --import-mode=importlib
+PYTEST := $(PY) -m pytest
 
 .PHONY: help install build-sandbox monitoring sandbox sandbox-down sandbox-status test test-unit \
         lint crds demo bench
