@@ -148,6 +148,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         view.bind(kw)
         key = owner_key(body)
         if key:
+            reconciler.pool_seen(key, body)
             await _reconcile(reconciler, key)
 
 
@@ -176,7 +177,11 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    settings.batching.worker_limit = 64
+    # No worker limit: kopf runs one worker per watched object, and at start-up each waits
+    # until every object of every indexed kind is indexed; with a limit below the number of
+    # objects of one kind (64 pool Deployments or pods) the operator deadlocks before its first
+    # reconcile (kopf issue #1243). Workers are idle asyncio tasks, cheap at thousands.
+    settings.queueing.worker_limit = None
     # Our resources are known; no CRD/namespace scanning (and no RBAC for it).
     settings.scanning.disabled = True
     # Every handled event would otherwise log a line; real problems still log as warnings.

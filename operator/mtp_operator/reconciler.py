@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -62,6 +63,20 @@ class _Slot:
     # Our own last status write, used until the watch delivers it (never read stale state).
     status: dict[str, Any] | None = None
     status_rv: int = 0
+    # Pools we applied, by GPU product, until the watch delivers them: a pass that runs before
+    # a new Deployment's watch event must not create (and announce) it a second time.
+    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    service_applied: float = -1e9  # monotonic time of our last Service apply
+
+
+SERVICE_WATCH_GRACE = 10.0  # seconds our Service apply stands in for the watch's copy
+
+
+def resource_version(body: Mapping[str, Any]) -> int:
+    try:
+        return int((body.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
 
 
 class Reconciler:
@@ -85,6 +100,25 @@ class Reconciler:
 
     def forget(self, key: Key) -> None:
         self._slots.pop(key, None)
+
+    def pool_seen(self, key: Key, body: Mapping[str, Any]) -> None:
+        """The watch delivered a pool Deployment event (deletions too): our copy is stale now."""
+        slot = self._slots.get(key)
+        ours = slot.pools.get(product_of(body) or "") if slot else None
+        if ours is not None and resource_version(body) >= resource_version(ours):
+            del slot.pools[product_of(body)]  # type: ignore[union-attr,arg-type]
+
+    def observed_pools(self, key: Key) -> dict[str, Mapping[str, Any]]:
+        """The watched pool Deployments, with our own newer writes the watch hasn't shown."""
+        out = dict(self.view.pool_deployments(key))
+        slot = self.slot(key)
+        for product, ours in list(slot.pools.items()):
+            theirs = out.get(product)
+            if theirs is not None and resource_version(theirs) >= resource_version(ours):
+                del slot.pools[product]
+            else:
+                out[product] = ours
+        return out
 
     async def reconcile(self, key: Key) -> None:
         """Reconcile `key`; if one is running, make it run once more and return."""
@@ -151,7 +185,7 @@ class Reconciler:
         meta = body.get("metadata") or {}
         generation = meta.get("generation")
         previous = self.current_status(key, body)
-        observed_bodies = self.view.pool_deployments(key)
+        observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
         spec, found = spec_problems(body.get("spec") or {})
 
@@ -206,8 +240,11 @@ class Reconciler:
         hashes: dict[str, str] = {}
         apply_error = None
         try:
-            if not self.view.has_service(key):
+            slot = self.slot(key)
+            since = time.monotonic() - slot.service_applied
+            if not self.view.has_service(key) and since > SERVICE_WATCH_GRACE:
                 await self.kube.apply(desired[0])
+                slot.service_applied = time.monotonic()
             for obj, plan in zip(desired[1:], plans, strict=True):
                 hashes[plan.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
                 await self._apply_pool(body, obj, plan, observed_bodies.get(plan.gpu_product))
@@ -215,6 +252,7 @@ class Reconciler:
             for product in removed:
                 dep = observed_bodies[product]
                 await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
+                self.slot(key).pools.pop(product, None)
                 await self.kube.event(
                     body,
                     "PoolRemoved",
@@ -248,6 +286,16 @@ class Reconciler:
             # Let kopf's caller retry with backoff: the API server may be briefly away.
             raise TransientReconcileError(apply_error)
 
+    async def _write_pool(
+        self, owner: Mapping[str, Any], plan: PoolPlan, desired: Mapping[str, Any]
+    ) -> None:
+        out = await self.kube.apply(desired)
+        OPERATOR_METRICS.deployment_writes.inc()
+        meta = owner.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if resource_version(out):
+            self.slot(key).pools[plan.gpu_product] = out
+
     async def _apply_pool(
         self,
         owner: Mapping[str, Any],
@@ -265,8 +313,7 @@ class Reconciler:
                 .get("annotations", {})
                 .get(ANNOTATION_SETTINGS_HASH)
             )
-            await self.kube.apply(desired)
-            OPERATOR_METRICS.deployment_writes.inc()
+            await self._write_pool(owner, plan, desired)
             if ours == theirs:
                 await self.kube.event(
                     owner,
@@ -283,8 +330,7 @@ class Reconciler:
                     f"pool {plan.gpu_product}: K={plan.k} ({plan.source}: {plan.reason})",
                 )
             return
-        await self.kube.apply(desired)
-        OPERATOR_METRICS.deployment_writes.inc()
+        await self._write_pool(owner, plan, desired)
         await self.kube.event(
             owner,
             "PoolCreated",
