@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from monitoring import Alertmanager, Prometheus
 from mtp_operator.rollback.rules import render_rules
 from support import chart
@@ -142,10 +143,6 @@ def test_alertmanager_rolls_back_only_the_degraded_pool_and_holds_until_reset(
         t_fire = time.monotonic()
         change = watch.wait(lambda c: c.product == H100, after=t0, timeout=30)
         fakes.set_acceptance(H100, HEALTHY)  # the K=5 pods serve well
-        print(f"\nalertmanager path: degradation -> alert firing {t_fire - t0:.2f}s, "
-              f"-> H100 Deployment patched {change.t - t0:.2f}s; operator receive -> patch "
-              f"{metric(op, 'mtp_operator_rollback_seconds_sum'):.4f}s "
-              f"({metric(op, 'mtp_operator_rollback_seconds_count'):.0f} observed)")
         assert alert["labels"]["gpu_product"] == H100
         assert {a["labels"]["gpu_product"] for a in firing(prom)} <= {H100}
         assert change.k == 5
@@ -179,6 +176,11 @@ def test_alertmanager_rolls_back_only_the_degraded_pool_and_holds_until_reset(
         assert metric(op, "mtp_operator_alert_requests_total", code="200") >= 1
         assert metric(op, "mtp_operator_alert_requests_rejected_total") == 0
         assert metric(op, "mtp_operator_rollbacks_total") == 1
+        wait_for(lambda: metric(op, "mtp_operator_rollback_seconds_count") == 1, 10,
+                 message="receive->patch observed")
+        print(f"\nalertmanager path: degradation -> alert firing {t_fire - t0:.2f}s, "
+              f"-> H100 Deployment patched {change.t - t0:.2f}s; operator receive -> patch "
+              f"{metric(op, 'mtp_operator_rollback_seconds_sum'):.3f}s")
 
         # Recovered: the alert resolves, Alertmanager says so, and nothing flaps through the
         # cooldown and a few scrape/evaluation cycles past it.

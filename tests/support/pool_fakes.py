@@ -32,6 +32,7 @@ Standard library, lightkube and FakeVLLM only; usable from tests and bench scrip
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -356,13 +357,16 @@ class PoolWatch:
     """
 
     def __init__(self, kubeconfig: str | Path, namespace: str) -> None:
-        self.client = Client(KubeConfig.from_file(str(kubeconfig)))
+        self.kubeconfig = str(kubeconfig)
         self.namespace = namespace
         self.changes: list[PoolChange] = []
         self._last: dict[str, tuple[Any, ...]] = {}
         self._cond = threading.Condition()
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._listed = threading.Event()
+        self._error: BaseException | None = None
 
     def _record(self, dep: Mapping[str, Any], initial: bool = False) -> None:
         meta = dep.get("metadata") or {}
@@ -382,40 +386,64 @@ class PoolWatch:
             )
             self._cond.notify_all()
 
-    def _run(self, resource_version: str | None) -> None:
+    # The watch runs in its own thread's event loop and is stopped by cancelling its task in
+    # that loop: closing a blocking client from another thread could leave a read pending on
+    # a socket number the OS then reuses (e.g. for a subprocess pipe), and steal its data.
+    async def _main(self) -> None:
+        from lightkube import AsyncClient
         from lightkube.resources.apps_v1 import Deployment
 
-        while not self._stop.is_set():
+        self._task = asyncio.current_task()
+        client = AsyncClient(KubeConfig.from_file(self.kubeconfig))
+        labels = {LABEL_RESOURCE: None}
+        try:
             try:
-                for _kind, obj in self.client.watch(
-                    Deployment, namespace=self.namespace, labels={LABEL_RESOURCE: None},
-                    resource_version=resource_version, server_timeout=60,
-                ):
-                    resource_version = obj.metadata.resourceVersion
-                    self._record(obj.to_dict())
-            except Exception as err:  # closed by stop(), or the API server went away
-                if self._stop.is_set():
-                    return
-                log.debug("deployment watch failed, restarting: %s", err)
-                time.sleep(0.2)
+                listing = client.list(Deployment, namespace=self.namespace, labels=labels)
+                async for dep in listing:
+                    self._record(dep.to_dict(), initial=True)
+                version = listing.resourceVersion
+            except Exception as err:
+                self._error = err
+                raise
+            finally:
+                self._listed.set()
+            while True:
+                try:
+                    async for _kind, obj in client.watch(
+                        Deployment, namespace=self.namespace, labels=labels,
+                        resource_version=version, server_timeout=60,
+                    ):
+                        version = obj.metadata.resourceVersion
+                        self._record(obj.to_dict())
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # the API server went away: watch again
+                    log.debug("deployment watch failed, restarting: %s", err)
+                    await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            self._loop.run_until_complete(self._main())
+        self._loop.close()
 
     def start(self) -> PoolWatch:
-        from lightkube.resources.apps_v1 import Deployment
-
-        listing = self.client.list(Deployment, namespace=self.namespace,
-                                   labels={LABEL_RESOURCE: None})
-        for dep in listing:
-            self._record(dep.to_dict(), initial=True)
-        self._thread = threading.Thread(
-            target=self._run, args=(listing.resourceVersion,), daemon=True, name="pool-watch"
-        )
+        self._thread = threading.Thread(target=self._run, daemon=True, name="pool-watch")
         self._thread.start()
+        self._listed.wait(30)
+        if self._error is not None:
+            raise self._error
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            self.client.close()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(task.cancel)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     def __enter__(self) -> PoolWatch:
         return self.start()
