@@ -2,7 +2,7 @@
 
 Only fields the operator writes in the form the API server keeps are compared, so the
 server's defaulting never looks like a change (that would be a hot loop), while a hand edit of
-what matters (replicas, image, command, the runtime config, GPUs, placement) is noticed.
+what matters (replicas, image, command, env, the runtime config, GPUs, placement) is noticed.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mtp_runtime.pool_config import ENV_VAR
-
 from mtp_operator.naming import ANNOTATION_COMMAND, ANNOTATION_SETTINGS_HASH, GPU_RESOURCE
+from mtp_runtime.pool_config import ENV_VAR
 
 
 def _get(obj: Mapping[str, Any] | None, *path: str | int) -> Any:
@@ -53,7 +52,32 @@ def _view(deploy: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _env_drifted(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> bool:
+    """An env entry the operator sets is missing or has another value (the runtime config is
+    compared on its own). Values compare as the API server keeps them (an empty value is
+    dropped); `valueFrom` entries only by presence, as the server fills in their defaults.
+    Entries someone else added are not ours to judge."""
+    path = ("spec", "template", "spec", "containers", 0, "env")
+    have = {e.get("name"): e for e in _get(observed, *path) or []}
+    for entry in _get(desired, *path) or []:
+        name = entry.get("name")
+        if name == ENV_VAR:
+            continue
+        got = have.get(name)
+        if got is None:
+            return True
+        if "valueFrom" in entry:
+            if "valueFrom" not in got:
+                return True
+        elif (got.get("value") or "") != (entry.get("value") or "") or "valueFrom" in got:
+            return True
+    return False
+
+
 def drifted_fields(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
     """Names of the operator-owned fields that differ; empty when the pool is as desired."""
     want, have = _view(desired), _view(observed)
-    return [field for field, value in want.items() if have[field] != value]
+    changed = [field for field, value in want.items() if have[field] != value]
+    if _env_drifted(desired, observed):
+        changed.append("env")
+    return changed

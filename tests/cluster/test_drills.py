@@ -14,8 +14,10 @@ etcd disturbs no other test. Every wait is a poll with a deadline.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
@@ -187,6 +189,12 @@ def events(c: Cluster, namespace: str, reason: str) -> list[str]:
     return [e["message"] for e in c.items("events", namespace) if e["reason"] == reason]
 
 
+def new_events(c: Cluster, namespace: str, reason: str, seen: set[str]) -> dict[str, str]:
+    """Events of `reason` whose names are not in `seen` (listings are not in time order)."""
+    return {e["metadata"]["name"]: e["message"] for e in c.items("events", namespace)
+            if e["reason"] == reason and e["metadata"]["name"] not in seen}
+
+
 def post_alert(port: int, namespace: str, name: str, product: str, value: float) -> dict:
     payload = {"version": "4", "status": "firing", "alerts": [{
         "status": "firing",
@@ -314,3 +322,150 @@ def test_sigkill_mid_batch_then_restart_converges(cluster: Cluster, ns: str):
     print(f"\ndrill a: killed {killed_after:.1f}s after the apply with {at_kill}/{want} pools; "
           f"restarted operator converged in {converged:.1f}s writing {want - at_kill}; "
           f"idle restart resynced in {resync:.1f}s with 0 writes")
+
+
+# ---- b. kube-apiserver and etcd crash and come back -------------------------------------------
+
+
+def pool_k(dep: dict) -> int:
+    command = json.loads(dep["metadata"]["annotations"]["mtp-operator.io/vllm-command"])
+    return json.loads(command[-1])["num_speculative_tokens"]
+
+
+def test_apiserver_and_etcd_restart_same_operator_reconnects(cluster: Cluster, ns: str):
+    c = cluster
+    op = c.operator("--namespace", ns, "--no-evaluator", "--leader-election",
+                    "--lease-namespace", ns, "--lease-name", "drill-b")
+    pid = op.proc.pid
+    apply(c, ns, mtpi("before", speculative={"numSpeculativeTokens": 2}))
+    wait_all_ready(c, ns, {"before"})
+
+    t0 = time.monotonic()
+    c.sb.stop_component("kube-apiserver", sig=signal.SIGKILL)  # a crash, not a clean stop
+    c.sb.stop_component("etcd", sig=signal.SIGKILL)
+    time.sleep(3)
+    with urllib.request.urlopen(op.url("/healthz"), timeout=5) as r:  # alive through it
+        assert r.status == 200
+    c.sb.start_component("etcd")
+    c.sb.start_component("kube-apiserver")
+    outage = time.monotonic() - t0
+
+    # A spec change and a new resource right after: both must arrive through the operator's
+    # re-established watch (the resync timer only re-reads its cache, every 30 s).
+    t1 = time.monotonic()
+    apply(c, ns, mtpi("before", speculative={"numSpeculativeTokens": 1}), mtpi("after"))
+    objs = wait_all_ready(c, ns, {"before", "after"}, timeout=90)
+    recovered = time.monotonic() - t1
+    assert op.proc.poll() is None and op.proc.pid == pid, op.log_tail()
+    deps = c.items("deployments", ns)
+    assert {pool_k(d) for d in deps if owner_name(d) == "before"} == {1}
+    assert Counter(owner_name(d) for d in deps) == {"before": 4, "after": 4}
+    assert {p["numSpeculativeTokens"] for p in objs["before"]["status"]["pools"]} == {1}
+    # still the leader (an outage must not cost the lease) and still acting
+    lease = c.get("lease", "drill-b", "-n", ns)
+    assert lease["spec"]["holderIdentity"].endswith(f"-{pid}")
+    print(f"\ndrill b: {outage:.1f}s outage; change reconciled {recovered:.1f}s after the "
+          f"restart by the same process (pid {pid})")
+
+
+# ---- c. two replicas, one lease ---------------------------------------------------------------
+
+
+def ready_status(op: OperatorProcess) -> int:
+    try:
+        with urllib.request.urlopen(op.url("/readyz"), timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_two_replicas_only_the_leader_acts_and_the_follower_takes_over(cluster: Cluster,
+                                                                      ns: str):
+    c = cluster
+    args = ("--namespace", ns, "--no-evaluator", "--leader-election",
+            "--lease-namespace", ns, "--lease-name", "drill-c")
+    leader = c.operator(*args)
+    follower = c.operator(*args, ready=False)
+    assert ready_status(follower) == 503
+
+    names = {f"two-{i}" for i in range(3)}
+    apply(c, ns, *(mtpi(n) for n in sorted(names)))
+    wait_all_ready(c, ns, names)
+    settled(lambda: counters(leader))
+    assert leader.metric("mtp_operator_deployment_writes_total") == 4 * len(names)
+    assert counters(follower) == dict.fromkeys(counters(follower), 0.0)
+    lease = c.get("lease", "drill-c", "-n", ns)
+    assert lease["spec"]["holderIdentity"].endswith(f"-{leader.proc.pid}")
+
+    t0 = time.monotonic()
+    leader.kill()
+    wait_for(lambda: ready_status(follower) == 200, LEASE_SECONDS + RENEW_SECONDS + 10,
+             message="the follower leading")
+    takeover = time.monotonic() - t0
+    assert takeover <= LEASE_SECONDS + RENEW_SECONDS + 2, takeover
+    apply(c, ns, mtpi("late"))
+    wait_all_ready(c, ns, names | {"late"})
+    acted = time.monotonic() - t0
+    settled(lambda: counters(follower))
+    # the new leader wrote the new resource's pools and rewrote nothing of the old leader's
+    assert follower.metric("mtp_operator_deployment_writes_total") == 4
+    assert Counter(owner_name(d) for d in c.items("deployments", ns)) == \
+        dict.fromkeys(names | {"late"}, 4)
+    lease = c.get("lease", "drill-c", "-n", ns)
+    assert lease["spec"]["holderIdentity"].endswith(f"-{follower.proc.pid}")
+    assert lease["spec"]["leaseTransitions"] >= 1
+    print(f"\ndrill c: follower led {takeover:.1f}s after the leader's SIGKILL (lease "
+          f"{LEASE_SECONDS}s, renew {RENEW_SECONDS}s); new resource Ready {acted:.1f}s after")
+
+
+# ---- d. conflicting writes: hand edits of a pool ----------------------------------------------
+
+
+def test_hand_edits_of_a_pool_are_reverted_and_reported(cluster: Cluster, ns: str):
+    c = cluster
+    op = c.operator("--namespace", ns, "--no-evaluator")
+    apply(c, ns, mtpi("edit", modelSource="modelscope", env=[{"name": "HF_HOME",
+                                                              "value": "/models"}],
+                      speculative={"numSpeculativeTokens": 2}))
+    wait_all_ready(c, ns, {"edit"})
+    product = "NVIDIA-L40S"
+    dep = next(d for d in c.items("deployments", ns) if pool_product(d) == product)
+    name = dep["metadata"]["name"]
+    want = (dep["spec"]["replicas"], container(dep)["image"], container(dep)["command"],
+            {e["name"]: e.get("value") for e in container(dep)["env"]})
+    assert {"HF_HOME", "VLLM_USE_MODELSCOPE", "MTP_RUNTIME_CONFIG"} <= set(want[3])
+
+    def current() -> tuple:
+        d = c.get("deployment", name, "-n", ns)
+        return (d["spec"]["replicas"], container(d)["image"], container(d)["command"],
+                {e["name"]: e.get("value") for e in container(d).get("env") or []})
+
+    patch_command = json.dumps([{"op": "replace",
+                                 "path": "/spec/template/spec/containers/0/command",
+                                 "value": ["sh", "-c", "sleep infinity"]}])
+    edits = [
+        ("replicas", ("scale", f"deployment/{name}", "--replicas=3")),
+        ("image", ("set", "image", f"deployment/{name}", "vllm=example.com/other:1")),
+        ("command", ("patch", "deployment", name, "--type=json", "-p", patch_command)),
+        ("runtime config", ("set", "env", f"deployment/{name}", "MTP_RUNTIME_CONFIG={}")),
+        ("env", ("set", "env", f"deployment/{name}", "HF_HOME=/elsewhere")),
+        ("env", ("set", "env", f"deployment/{name}", "VLLM_USE_MODELSCOPE-")),
+    ]
+    times = []
+    for field, cmd in edits:
+        seen = set(new_events(c, ns, "ManualChangeReverted", set()))
+        t0 = time.monotonic()
+        c.kubectl(*cmd, "-n", ns)
+        wait_for(lambda: current() == want, 30, interval=0.1,
+                 message=f"{field} edit reverted")
+        times.append((field, time.monotonic() - t0))
+        reported = wait_for(lambda s=seen: new_events(c, ns, "ManualChangeReverted", s), 10,
+                            message=f"ManualChangeReverted for {field}")
+        assert len(reported) == 1, reported  # one edit, one revert, one Event
+        assert f"pool {product}: {field} edited" in next(iter(reported.values())), reported
+
+    # the operator put its settings back and then left the pool alone: no tug of war
+    quiet = settled(lambda: (current(), counters(op)), quiet=3)
+    assert quiet[0] == want
+    assert quiet[1]["deployment_writes"] == 4 + len(edits)
+    print("\ndrill d: reverted in " + ", ".join(f"{f} {t:.1f}s" for f, t in times))

@@ -112,6 +112,10 @@ def _container(obj: dict[str, Any]) -> dict[str, Any]:
     return obj["spec"]["template"]["spec"]["containers"][0]
 
 
+def _env(obj: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(e for e in _container(obj)["env"] if e["name"] == name)
+
+
 def _edit_runtime_config(obj: dict[str, Any]) -> None:
     entry = next(e for e in _container(obj)["env"] if e["name"] == ENV_VAR)
     config = PoolConfig.from_json(entry["value"])
@@ -128,6 +132,9 @@ EDITS: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     ("runtime config removed",
      lambda o: _container(o).update(env=[e for e in _container(o)["env"] if e["name"] != ENV_VAR]),
      "runtime config"),
+    ("env value", lambda o: _env(o, "VLLM_USE_MODELSCOPE").update(value="false"), "env"),
+    ("env removed", lambda o: _container(o).update(
+        env=[e for e in _container(o)["env"] if e["name"] != "VLLM_USE_MODELSCOPE"]), "env"),
     ("GPU limit", lambda o: _container(o)["resources"]["limits"].update({"nvidia.com/gpu": "1"}),
      "GPU limit"),
     ("GPU limit removed", lambda o: _container(o)["resources"]["limits"].pop("nvidia.com/gpu"),
@@ -168,9 +175,24 @@ def test_a_spec_change_is_drift_of_every_derived_field() -> None:
 def test_an_unrecognisable_object_is_drift() -> None:
     desired = _desired()
     assert "image" in drifted_fields(desired, {"metadata": {}, "spec": {}})
-    assert len(drifted_fields(desired, {})) == 9
+    assert len(drifted_fields(desired, {})) == 10  # 9 fields and the env
     no_containers = _server_copy(desired)
     no_containers["spec"]["template"]["spec"]["containers"] = []
     assert {"image", "command", "runtime config", "GPU limit"} <= set(
         drifted_fields(desired, no_containers)
     )
+
+
+def test_env_as_the_server_keeps_it_is_no_drift_but_another_value_is() -> None:
+    env = [
+        {"name": "EMPTY", "value": ""},
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    desired = _desired(env=env)
+    observed = _server_copy(desired)
+    _env(observed, "EMPTY").pop("value")  # an empty value is not stored
+    _env(observed, "POD")["valueFrom"]["fieldRef"]["apiVersion"] = "v1"  # defaulted
+    assert drifted_fields(desired, observed) == []
+    _env(observed, "POD").update(value="x")
+    _env(observed, "POD").pop("valueFrom")
+    assert drifted_fields(desired, observed) == ["env"]
