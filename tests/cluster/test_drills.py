@@ -257,8 +257,8 @@ def test_sigkill_mid_batch_then_restart_converges(cluster: Cluster, ns: str):
     path = f"/apis/apps/v1/namespaces/{ns}/deployments"
     t0 = time.monotonic()
     apply(c, ns, *(mtpi(n) for n in sorted(names)))
-    wait_for(lambda: len(c.sb.api("GET", path)["items"]) >= 4 + 3, 30, interval=0.02,
-             message="the first pools of the batch")
+    wait_for(lambda: first.metric("mtp_operator_deployment_writes_total") >= 4 + 3, 30,
+             interval=0.01, message="the first pools of the batch")
     first.kill()
     killed_after = time.monotonic() - t0
     time.sleep(1)  # requests the dead process had already sent may still land
