@@ -155,7 +155,14 @@ class Cluster:
             if time.monotonic() > deadline:
                 phases = {i["metadata"]["name"]: (i.get("status") or {}).get("phase")
                           for i in items}
-                raise TimeoutError(f"resources not Ready in {timeout}s: {phases}")
+                pods = json.loads(self.kubectl("get", "pods", "-n", namespace, "-o", "json"))
+                pending = sorted({c.get("message", "") for p in pods["items"]
+                                  for c in (p.get("status") or {}).get("conditions") or []
+                                  if c["type"] == "PodScheduled" and c["status"] == "False"})
+                raise TimeoutError(
+                    f"resources not Ready in {timeout}s: {phases}; unschedulable pods: "
+                    f"{pending or 'none'} (other namespaces may hold the simulated GPUs: "
+                    "try fewer --resources or --products)")
             time.sleep(0.5)
 
     def delete_namespace(self, namespace: str) -> None:

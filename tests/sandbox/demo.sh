@@ -11,7 +11,8 @@
 #     (kwok pods have loopback IPs): acceptance 0.95, but 0.6 on the H100 pool
 #  5. the evaluator sees the H100 pool's hit rate fall below 0.88 and steps its K down; only
 #     that pool's Deployment changes; status, condition and Event say why
-#  6. fakes and operator stopped; the sandbox stays up (`make sandbox-down` stops it)
+#  6. fakes and operator stopped, the resource deleted (its pods hold whole GPU nodes, which
+#     `make test` needs; MTP_DEMO_KEEP=1 keeps it); the sandbox stays up (`make sandbox-down`)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -194,10 +195,16 @@ kubectl get events -n "$NS" --field-selector "reason=SpeculationRolledBack,invol
 
 cleanup
 trap - EXIT
-say "done in $(( $(date +%s) - started )) s: fake vLLM servers and the operator stopped"
+if [[ ${MTP_DEMO_KEEP:-0} == 1 ]]; then
+    kept="the demo's resources are kept (MTP_DEMO_KEEP=1)"
+else
+    # Its pools hold whole GPU nodes (tensorParallelSize 8): free them for `make test`.
+    kubectl delete mtpi "$NAME" -n "$NS" --wait=true >/dev/null
+    kubectl delete deployments,pods --all -n "$NS" --grace-period=0 --force >/dev/null 2>&1 || true
+    kept="$NAME deleted again so its pods free the simulated GPUs (MTP_DEMO_KEEP=1 keeps it)"
+fi
+say "done in $(( $(date +%s) - started )) s: fake vLLM servers and the operator stopped; $kept"
 cat <<EOF
-The sandbox is still up:   export KUBECONFIG=$KUBECONFIG
-  kubectl get mtpi,deployments,pods -n $NS
-  kubectl annotate mtpi/$NAME -n $NS mtp-operator.io/reset-rollback="\$(date +%s)" --overwrite   # undo (with the operator running)
+The sandbox is still up:   export KUBECONFIG=$KUBECONFIG   (kubectl: $(command -v kubectl))
 Stop it with:              ${MTP_SANDBOX_DIR:+MTP_SANDBOX_DIR=$MTP_SANDBOX_DIR }make sandbox-down
 EOF
