@@ -193,6 +193,7 @@ def machine(sb: Any) -> dict[str, Any]:
         kube = sb.version()
     return {
         "nproc": os.cpu_count(),
+        "loadavg_start": os.getloadavg()[0],
         "cpu": cpu,
         "memory_gib": round(mem_kib / 1024 / 1024, 1),
         "os": platform.platform(),
@@ -430,7 +431,9 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Measured {result['finished']} by `bench/reaction.py` on {m['nproc']} CPUs "
         f"({m['cpu'] or 'unknown CPU'}), {m['memory_gib']} GiB, Python {m['python']}, "
-        f"kube-apiserver {m['kube_apiserver']} (local sandbox; {m['nodes']}).",
+        f"kube-apiserver {m['kube_apiserver']} (local sandbox; {m['nodes']}); 1-minute load "
+        f"average {m['loadavg_start']:.1f} at the start, {m['loadavg_end']:.1f} at the end "
+        "(the sandbox, the operator, the fakes and this script share these CPUs).",
         "",
         "| path | measured | n | min | median | p99 | max |",
         "|---|---|---|---|---|---|---|",
@@ -441,8 +444,9 @@ def markdown(result: dict[str, Any]) -> str:
                           "POST sent → Deployment patched (watch)"))
         lines.append(_row("webhook, one alert at a time", wh["sequential"]["summary"]["http_s"],
                           "POST sent → 200 answered"))
-        lines.append(_row(f"webhook, {wh['pools']} alerts at once", wh["burst"]["summary"]
-                          ["patch_s"], "POST sent → Deployment patched (watch)"))
+        burst = wh["burst"]["summary"]["patch_s"]
+        lines.append(_row(f"webhook, {burst['n']} alerts at once (one per pool)", burst,
+                          "POST sent → Deployment patched (watch)"))
     ev = result.get("evaluator")
     if ev:
         lines.append(_row("built-in evaluator", ev["summary"]["degrade_to_patch_s"],
@@ -456,7 +460,9 @@ def markdown(result: dict[str, Any]) -> str:
             "cooldownSeconds 0 (each alert acts), single MTPHitRateLow alerts (webhook v4, "
             "bearer token) spread round-robin over the pools; the Deployment watch is a "
             "lightkube AsyncClient in the bench process. The receiver answers 200 after the "
-            "status write and the patch, so the answer comes after the patch is visible.")
+            "status write and the patch, so the answer comes after the patch is visible. The "
+            "burst sends one alert to every pool still speculating (K > 0) at the same time; "
+            "the receiver handles requests one at a time, so later ones queue.")
     if ev:
         r = ev["rollback"]
         lines.append(
@@ -514,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"evaluator: degradation -> patch median {s['median']:.2f} s, "
                 f"max {s['max']:.2f} s (n={s['n']})")
         result["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        result["machine"]["loadavg_end"] = os.getloadavg()[0]
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "reaction.json").write_text(json.dumps(result, indent=1) + "\n")
         (args.out / "reaction.md").write_text(markdown(result))
