@@ -26,10 +26,11 @@ reaction    bench/reaction.py's main() if that file exists (alert -> patch timin
 
 Measured: wall times; the operator's CPU seconds (utime+stime) and peak RSS (VmHWM) from
 /proc; CPU seconds of each sandbox component; API requests by verb from the kube-apiserver's
-own /metrics (apiserver_request_total, deltas per phase; the server counts server-side apply
-as verb APPLY). apiserver_request_total has no client label, so the operator's share is
-estimated as (operator phase) - (floor phase) - (background rate x duration difference),
-with each side's own client requests taken out.
+own /metrics (apiserver_request_total, all clients, deltas per phase; server-side apply
+counts as verb APPLY), and the operator's own requests exactly from the API server's audit
+log (the sandbox audits ServiceAccount requests; the operator runs as one, cluster-admin).
+The kube-controller-manager gets --kube-api-qps --kcm-qps (default 200): at its default of
+20 the controller manager, not the operator or the client, paces both runs.
 
 Results: bench/results/scale.json and bench/results/README.md (table, machine, date).
 
@@ -73,17 +74,12 @@ from support.operator_proc import OperatorProcess  # noqa: E402
 
 CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
 FLOOR_NS, OP_NS = "bench-floor", "bench-op"
+SA_NS, SA_NAME = "mtp-system", "mtp-operator"
 FIELD_MANAGER = "mtp-bench"
 WRITE_VERBS = ("APPLY", "PATCH", "UPDATE", "CREATE", "POST", "PUT", "DELETE", "DELETECOLLECTION")
 OPERATOR_COUNTERS = ("reconciles", "deployment_writes", "status_writes")
-# API writes no one but the operator makes here (controllers write deployments/status and
-# post Events of their own, so the operator's Events are counted from the Event objects)
-OPERATOR_WRITES = (
-    "APPLY deployments",
-    "APPLY services",
-    "PATCH mtpinferences/status",
-    "DELETE deployments",
-)
+WRITE_COUNTERS = ("deployment_writes", "status_writes")
+AUDIT_WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -114,6 +110,48 @@ class Requests:
                 resource += "/" + labels["subresource"]
             out[(labels.get("verb", "?"), resource)] += int(float(m["value"]))
         return out
+
+
+class Audit:
+    """The operator's own requests, from the kube-apiserver's audit log: the operator runs as
+    a ServiceAccount, and the sandbox audits ServiceAccount requests (Metadata level)."""
+
+    def __init__(self, path: Path, user: str) -> None:
+        self.path, self.user = path, user
+
+    def offset(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def since(self, offset: int) -> Counter[tuple[str, str]]:
+        out: Counter[tuple[str, str]] = Counter()
+        with contextlib.suppress(OSError), self.path.open("rb") as f:
+            f.seek(offset)
+            for raw in f:
+                try:
+                    ev = json.loads(raw)
+                except ValueError:
+                    continue
+                if (ev.get("user") or {}).get("username") != self.user:
+                    continue
+                verb = ev.get("verb", "?")
+                # a watch is counted when it starts; everything else when it completes
+                if ev.get("stage") != (
+                    "ResponseStarted" if verb == "watch" else "ResponseComplete"
+                ):
+                    continue
+                ref = ev.get("objectRef") or {}
+                resource = ref.get("resource", "")
+                if ref.get("subresource"):
+                    resource += "/" + ref["subresource"]
+                out[(verb, resource)] += 1
+        return out
+
+
+def writes_only(verbs: Mapping[str, int]) -> dict[str, int]:
+    return {v: n for v, n in verbs.items() if v in AUDIT_WRITE_VERBS and n}
 
 
 def by_verb(delta: Mapping[tuple[str, str], int]) -> dict[str, int]:
@@ -159,6 +197,7 @@ class Phase:
 
     def __enter__(self) -> Phase:
         self.requests0 = self.bench.requests.snapshot()
+        self.audit0 = self.bench.audit.offset()
         self.cpu0 = self.bench.cpu()
         self.t0 = time.monotonic()
         return self
@@ -166,6 +205,7 @@ class Phase:
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.monotonic() - self.t0
         self.delta = diff(self.bench.requests.snapshot(), self.requests0)
+        self.operator_requests = self.bench.audit.since(self.audit0)
         cpu1 = self.bench.cpu()
         self.cpu = {k: round(cpu1.get(k, 0) - self.cpu0.get(k, 0), 2) for k in cpu1}
 
@@ -174,6 +214,10 @@ class Phase:
             "seconds": round(self.seconds, 2),
             "requests_by_verb": by_verb(self.delta),
             "writes_by_resource": writes_by_resource(self.delta),
+            "operator_requests_by_verb": by_verb(self.operator_requests),
+            "operator_requests": {
+                f"{v} {r}": n for (v, r), n in sorted(self.operator_requests.items())
+            },
             "cpu_seconds": self.cpu,
         }
 
@@ -320,10 +364,20 @@ class Bench:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="mtp-bench-"))
         state = Path(args.sandbox_dir)
+        extra = {}
+        if args.kcm_qps:
+            extra["kube-controller-manager"] = [
+                f"--kube-api-qps={args.kcm_qps}",
+                f"--kube-api-burst={2 * args.kcm_qps}",
+            ]
         self.sb = Sandbox(
-            state, nodes_file=nodes_file(self.work / "nodes.yaml", args.nodes_per_product)
+            state,
+            nodes_file=nodes_file(self.work / "nodes.yaml", args.nodes_per_product),
+            extra_args=extra,
         )
         self.requests = Requests(self.sb)
+        self.audit = Audit(self.sb.audit_log, f"system:serviceaccount:{SA_NS}:{SA_NAME}")
+        self.sa_kubeconfig = self.work / "operator.kubeconfig"
         self.operator: OperatorProcess | None = None
         self.result: dict[str, Any] = {}
 
@@ -340,8 +394,30 @@ class Bench:
             out["operator"] = cpu_seconds(self.operator.proc.pid)
         return out
 
+    def operator_identity(self) -> None:
+        """A ServiceAccount (cluster-admin) for the operator, so the audit log shows its
+        requests apart from everyone else's, and a kubeconfig with its token."""
+        self.kubectl("create", "namespace", SA_NS)
+        self.kubectl("create", "serviceaccount", SA_NAME, "-n", SA_NS)
+        self.kubectl(
+            "create",
+            "clusterrolebinding",
+            "mtp-bench-operator",
+            "--clusterrole=cluster-admin",
+            f"--serviceaccount={SA_NS}:{SA_NAME}",
+        )
+        token = self.kubectl("create", "token", SA_NAME, "-n", SA_NS, "--duration=4h").strip()
+        self.sa_kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+            "clusters": [{"name": "bench", "cluster": {
+                "server": self.sb.apiserver_url,
+                "certificate-authority": str(self.sb.pki / "ca.crt")}}],
+            "users": [{"name": SA_NAME, "user": {"token": token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "bench", "user": SA_NAME}}],
+        }))  # fmt: skip
+
     def start_operator(self) -> OperatorProcess:
-        op = OperatorProcess(self.sb.kubeconfig, self.work / "operator", ["--no-evaluator"])
+        op = OperatorProcess(self.sa_kubeconfig, self.work / "operator", ["--no-evaluator"])
         self.operator = op
         return op.start(timeout=300)
 
@@ -513,25 +589,6 @@ class Bench:
             f"{settled:.1f}s; counters {last}"
         )
 
-    def operator_share(self) -> dict[str, Any]:
-        """The operator's requests by verb, estimated (see the module doc)."""
-        op, fl, base = self.op_phase, self.floor_phase, self.baseline_phase
-        rate = {v: n / base.seconds for v, n in by_verb(base.delta).items()}
-        est: dict[str, int] = {}
-        for verb in sorted(set(by_verb(op.delta)) | set(by_verb(fl.delta))):
-            value = (
-                by_verb(op.delta).get(verb, 0)
-                - self.result["operator"]["client_requests"].get(verb, 0)
-                - (
-                    by_verb(fl.delta).get(verb, 0)
-                    - self.result["floor"]["client_requests"].get(verb, 0)
-                )
-                - rate.get(verb, 0) * (op.seconds - fl.seconds)
-            )
-            est[verb] = round(value)
-        exact = {k: n for k, n in writes_by_resource(op.delta).items() if k in OPERATOR_WRITES}
-        return {"estimated_by_verb": est, "operator_only_writes": exact}
-
     def reaction(self) -> None:
         path = REPO / "bench" / "reaction.py"
         if not path.exists():
@@ -580,6 +637,7 @@ class Bench:
                 "replicas": 1,
                 "client_concurrency": a.concurrency,
                 "window_seconds": a.window,
+                "kube_controller_manager_qps": a.kcm_qps or "sandbox default (20, burst 30)",
             },
         )
         log(f"sandbox: {a.nodes_per_product * 4} nodes, state {self.sb.state_dir}")
@@ -591,6 +649,7 @@ class Bench:
         self.result["machine"] = machine(self.sb)
         try:
             self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+            self.operator_identity()
             self.kubectl(
                 "wait",
                 "--for=condition=Established",
@@ -600,7 +659,6 @@ class Bench:
             asyncio.run(self.run_async())
             self.steady()
             self.restart(a.resources)
-            self.result["operator_share"] = self.operator_share()
             op, fl = self.result["operator"]["seconds"], self.result["floor"]["seconds"]
             self.result["ratio_operator_to_floor"] = round(op / fl, 2)
             if self.operator:
@@ -676,96 +734,102 @@ def _mark(ok: bool) -> str:
 def markdown(r: dict[str, Any]) -> str:
     s, m = r["settings"], r["machine"]
     fl, op, st, rs = r["floor"], r["operator"], r["steady"], r["restart"]
-    share = r["operator_share"]
     ratio = r["ratio_operator_to_floor"]
-    steady_writes = (
-        st["operator_counter_deltas"]["deployment_writes"]
-        + st["operator_counter_deltas"]["status_writes"]
-    )
-    steady_api = {k: n for k, n in st["writes_by_resource"].items() if k in OPERATOR_WRITES}
-    steady_api["operator Events"] = st["operator_events_posted"]
-    restart_writes = (
-        rs["operator_counters"]["deployment_writes"] + rs["operator_counters"]["status_writes"]
-    )
-    restart_api = {k: n for k, n in rs["writes_by_resource"].items() if k in OPERATOR_WRITES}
-    restart_api["operator Events"] = rs["operator_events_posted"]
+    steady_counted = sum(st["operator_counter_deltas"][k] for k in WRITE_COUNTERS)
+    steady_api = writes_only(st["operator_requests_by_verb"])
+    restart_counted = sum(rs["operator_counters"][k] for k in WRITE_COUNTERS)
+    restart_api = writes_only(rs["operator_requests_by_verb"])
+    counters = op["operator_counters"]
     lines = [
         "# Benchmarks",
         "",
         f"Scale run of {r['started'][:10]} (`make bench` = `python bench/run.py`; raw figures in "
         "[scale.json](scale.json)). Alert -> patch timing: [reaction.md](reaction.md) "
-        "(bench/reaction.py).",
+        "(bench/reaction.py, run by bench/run.py when present).",
         "",
         f"Sandbox: {s['nodes']} kwok nodes ({s['nodes'] // len(s['gpu_products'])} per GPU "
-        f"product x {len(s['gpu_products'])} products, {s['gpus_per_node']} GPUs each), "
+        f"product x {len(s['gpu_products'])} products, {s['gpus_per_node']} GPUs each); "
+        f"kube-controller-manager --kube-api-qps {s['kube_controller_manager_qps']}. "
         f"{s['resources']} MTPInferences (TP={s['tensor_parallel_size']}, replicas "
-        f"{s['replicas']}) -> {s['pools']} pool Deployments + {s['resources']} Services. "
-        f"Client: lightkube server-side apply, {s['client_concurrency']} in flight.",
+        f"{s['replicas']}) -> {op['deployments']} pool Deployments + {s['resources']} Services. "
+        f"Client for both runs: lightkube server-side apply, {s['client_concurrency']} requests "
+        "in flight. The operator runs cluster-wide, evaluator off, as a ServiceAccount, so the "
+        "API server's audit log gives its requests exactly.",
         "",
         "| measure | figure | target |",
         "|---|---|---|",
-        f"| time to Ready, operator (apply {s['resources']} MTPInferences -> all status.phase "
-        f"Ready) | {op['seconds']:.1f} s | |",
-        f"| time to Ready, floor (apply {fl['objects']} pre-rendered objects -> all "
-        f"Deployments ready) | {fl['seconds']:.1f} s | |",
+        f"| time to Ready, operator: apply {s['resources']} MTPInferences -> every status.phase "
+        f"Ready | {op['seconds']:.1f} s (p50 {op['ready_after_seconds'].get('p50')} s) | |",
+        f"| time to Ready, floor: apply {fl['objects']} pre-rendered objects -> every "
+        f"Deployment ready | {fl['seconds']:.1f} s (p50 {fl['ready_after_seconds'].get('p50')} "
+        "s) | |",
         f"| ratio operator / floor | {ratio:.2f}x | <= {TARGET_RATIO}x: "
         f"{_mark(ratio <= TARGET_RATIO)} |",
         f"| operator CPU during the run | {op['operator_cpu_seconds']} s | |",
-        f"| operator peak RSS (VmHWM) | {op['operator_peak_rss_mib']} MiB | |",
-        f"| operator writes during the run (its counters) | "
-        f"{op['operator_counters']['deployment_writes']:.0f} Deployment applies, "
-        f"{op['operator_counters']['status_writes']:.0f} status patches, "
-        f"{op['operator_counters']['reconciles']:.0f} reconcile passes | |",
-        f"| steady state, {s['window_seconds']:.0f} s: operator writes (counters) | "
-        f"{steady_writes:.0f} | 0: {_mark(steady_writes == 0)} |",
-        f"| steady state: API writes only the operator makes, its Events | {_verbs(steady_api)} | "
-        f"0: {_mark(not any(steady_api.values()))} |",
+        f"| operator peak RSS (VmHWM, whole life so far) | {op['operator_peak_rss_mib']} MiB | |",
+        f"| operator's own counters during the run | {counters['reconciles']:.0f} reconcile "
+        f"passes, {counters['deployment_writes']:.0f} Deployment applies, "
+        f"{counters['status_writes']:.0f} status patches | |",
+        f"| operator's API requests during the run (audit) | "
+        f"{_verbs(op['operator_requests_by_verb'])} | |",
+        f"| steady state ({s['window_seconds']:.0f} s): operator writes, its counters | "
+        f"{steady_counted:.0f} | 0: {_mark(steady_counted == 0)} |",
+        f"| steady state: operator's API writes (audit) | {_verbs(steady_api)} | "
+        f"0: {_mark(not steady_api)} |",
+        f"| steady state: operator's API requests, all (audit) | "
+        f"{_verbs(st['operator_requests_by_verb'])} | |",
         f"| steady state: operator CPU | {st['operator_cpu_seconds']} s | |",
-        f"| restart, nothing changed: /readyz | {rs['ready_seconds']:.1f} s | |",
-        f"| restart: every resource reconciled | {rs['all_resources_reconciled_seconds']} s | |",
-        f"| restart: reconcile counter settled | {rs['reconcile_counter_settled_seconds']:.1f} s"
-        f" ({rs['operator_counters']['reconciles']:.0f} passes) | |",
-        f"| restart: operator writes (counters) | {restart_writes:.0f} | 0: "
-        f"{_mark(restart_writes == 0)} |",
-        f"| restart: API writes only the operator makes, its Events | {_verbs(restart_api)} | "
-        f"0: {_mark(not any(restart_api.values()))} |",
+        f"| restart, nothing changed: until /readyz | {rs['ready_seconds']:.1f} s | |",
+        f"| restart: until every resource was reconciled | "
+        f"{rs['all_resources_reconciled_seconds']} s | |",
+        f"| restart: until the reconcile counter stopped moving | "
+        f"{rs['reconcile_counter_settled_seconds']:.1f} s "
+        f"({rs['operator_counters']['reconciles']:.0f} passes) | |",
+        f"| restart: operator writes, its counters | {restart_counted:.0f} | 0: "
+        f"{_mark(restart_counted == 0)} |",
+        f"| restart: operator's API writes (audit) | {_verbs(restart_api)} | "
+        f"0: {_mark(not restart_api)} |",
+        f"| restart: operator's API requests, all (audit) | "
+        f"{_verbs(rs['operator_requests_by_verb'])} | |",
         f"| restart: operator CPU / peak RSS | {rs['operator_cpu_seconds']} s / "
         f"{rs['operator_peak_rss_mib']} MiB | |",
         "",
-        "## API requests (kube-apiserver's apiserver_request_total, deltas)",
+        "## API requests by verb (kube-apiserver's apiserver_request_total, all clients)",
         "",
-        "| phase | seconds | requests by verb |",
-        "|---|---|---|",
-        f"| floor (client + controllers + scheduler + kwok) | {fl['seconds']:.1f} | "
-        f"{_verbs(fl['requests_by_verb'])} |",
-        f"| baseline (nobody acting) | {r['baseline']['seconds']:.1f} | "
-        f"{_verbs(r['baseline']['requests_by_verb'])} |",
-        f"| operator (client + operator + controllers + ...) | {op['seconds']:.1f} | "
-        f"{_verbs(op['requests_by_verb'])} |",
-        f"| steady | {st['seconds']:.1f} | {_verbs(st['requests_by_verb'])} |",
-        f"| restart | {rs['seconds']:.1f} | {_verbs(rs['requests_by_verb'])} |",
+        "Server-side apply counts as APPLY. The operator's share is from the audit log (its "
+        "verbs are the audit log's: create = POST, patch = PATCH and APPLY).",
         "",
-        "The server has no per-client label. The operator's share during the run, estimated as "
-        "operator phase - its client's applies - (floor phase - the floor client's applies) - "
-        "baseline rate x the difference in duration: "
-        f"{_verbs(share['estimated_by_verb'])}. Requests only the operator makes: "
-        f"{_verbs(share['operator_only_writes'])}. (LIST/WATCH in the operator phase include "
-        "the operator's start: one LIST and one WATCH per watched kind.)",
+        "| phase | seconds | all clients | of which the operator |",
+        "|---|---|---|---|",
+        f"| floor: client + controllers + scheduler + kwok | {fl['seconds']:.1f} | "
+        f"{_verbs(fl['requests_by_verb'])} | (not running) |",
+        f"| baseline: nobody acting | {r['baseline']['seconds']:.1f} | "
+        f"{_verbs(r['baseline']['requests_by_verb'])} | (not running) |",
+        f"| operator: client + operator + controllers + ... | {op['seconds']:.1f} | "
+        f"{_verbs(op['requests_by_verb'])} | {_verbs(op['operator_requests_by_verb'])} |",
+        f"| steady | {st['seconds']:.1f} | {_verbs(st['requests_by_verb'])} | "
+        f"{_verbs(st['operator_requests_by_verb'])} |",
+        f"| restart | {rs['seconds']:.1f} | {_verbs(rs['requests_by_verb'])} | "
+        f"{_verbs(rs['operator_requests_by_verb'])} |",
         "",
-        f"Writes by resource in the operator phase: {_verbs(op['writes_by_resource'])}.",
+        f"The operator's requests in the run by resource: {_verbs(op['operator_requests'])}.",
         "",
-        "CPU seconds by process in the operator phase: "
+        "CPU seconds by process in the operator run: "
         + ", ".join(f"{k} {v}" for k, v in op["cpu_seconds"].items())
-        + "; in the floor phase: "
+        + "; in the floor run: "
         + ", ".join(f"{k} {v}" for k, v in fl["cpu_seconds"].items())
         + ".",
         "",
+    ]
+    if r.get("notes"):
+        lines += ["## Notes", "", *[f"- {n}" for n in r["notes"]], ""]
+    lines += [
         "## Machine",
         "",
         f"{m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB RAM, Linux {m['kernel']}, "
         f"Python {m['python']}, kube-apiserver {m['kube_apiserver']} (sandbox: etcd, "
-        "kube-apiserver, kube-controller-manager, kube-scheduler, kwok on the same machine as "
-        "the operator and the client), "
+        "kube-apiserver, kube-controller-manager, kube-scheduler and kwok on the same machine "
+        "as the operator and the client), "
         + ", ".join(f"{k} {v}" for k, v in m["packages"].items())
         + f". Run {r['started']} to {r.get('finished', '?')}.",
         "",
@@ -779,6 +843,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--nodes-per-product", type=int, default=40)
     p.add_argument("--concurrency", type=int, default=16, help="client requests in flight")
     p.add_argument("--window", type=float, default=60, help="baseline/steady seconds")
+    p.add_argument(
+        "--kcm-qps",
+        type=int,
+        default=200,
+        help="kube-controller-manager --kube-api-qps (burst twice that); 0: its default 20",
+    )
     p.add_argument("--timeout", type=float, default=900, help="per wait, seconds")
     p.add_argument(
         "--sandbox-dir",
@@ -793,6 +863,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    # stop cleanly (sandbox down, operator stopped) however we are told to stop
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     result = Bench(args).run()
     print(markdown(result))
     return 0

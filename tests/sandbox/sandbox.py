@@ -44,7 +44,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -387,7 +387,11 @@ class Sandbox:
         *,
         nodes_file: str | os.PathLike[str] | None = None,
         bin_dir: str | os.PathLike[str] | None = None,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        """`extra_args`: more flags per component, e.g. {"kube-controller-manager":
+        ["--kube-api-qps=200"]} (used on every start of that component by this object)."""
+        self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
         self.state_dir = Path(
             state_dir or os.environ.get("MTP_SANDBOX_DIR") or REPO / ".sandbox"
         ).resolve()
@@ -654,7 +658,7 @@ class Sandbox:
             return False
 
     def _spawn(self, name: str, st: dict[str, Any]) -> None:
-        cmd = self._command(name, st)
+        cmd = self._command(name, st) + self.extra_args.get(name, [])
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.log_file(name), "ab")
         log.write(f"\n==== {time.strftime('%F %T')} {' '.join(cmd)}\n".encode())
