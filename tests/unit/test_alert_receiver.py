@@ -361,7 +361,8 @@ async def test_burst_of_1000_requests_concurrently(metrics: AlertMetrics) -> Non
         health = await c.get("/healthz")  # still serving right after the burst
     assert statuses == [200] * 1000 and health.status == 200
     assert len(slow.signals) == 1000
-    assert slow.max_active == 1  # handler calls are serialised
+    # requests are handled concurrently (the handler serialises per resource itself)
+    assert slow.max_active > 1
     assert count(metrics, "requests", code="200") == 1000
 
 

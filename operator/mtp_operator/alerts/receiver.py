@@ -6,8 +6,9 @@
     500  the handler failed (Alertmanager retries the notification)
     200  accepted: JSON with counts of signals, ignored alerts and handler outcomes
 
-Parsed signals go to `on_signals`, one call per request, calls serialised so two requests
-never decide on the same pool at once. The handler (the Kubernetes glue) looks each target up,
+Parsed signals go to `on_signals`, one call per request. Requests are handled concurrently:
+the handler serialises decisions per MTPInference itself, so alerts for different resources
+never wait for each other. The handler (the Kubernetes glue) looks each target up,
 applies the policy, and reports which targets it did not find. A notification repeated within
 `dedupe_seconds` (Alertmanager retries, an HA pair sending twice) is dropped here; later
 repeats reach the policy, whose cooldown keeps them from acting twice.
@@ -88,6 +89,9 @@ class _RecentKeys:
         self._seen[key] = self._clock()
         self._seen.move_to_end(key)
 
+    def discard(self, key: tuple[object, ...]) -> None:
+        self._seen.pop(key, None)
+
 
 def make_app(
     token: str | None,
@@ -102,7 +106,6 @@ def make_app(
     m = metrics or AlertMetrics.create()
     expected = f"Bearer {token}".encode() if token is not None else None
     recent = _RecentKeys(dedupe_seconds, clock)
-    lock = asyncio.Lock()
 
     def reply(code: int, rejected: str | None = None, **body: Any) -> web.Response:
         m.requests.labels(str(code)).inc()
@@ -149,14 +152,17 @@ def make_app(
 
         result = ReceiveResult()
         if fresh:
+            # Marked seen before handling, so a concurrent copy of this notification is a
+            # duplicate; forgotten again on failure, so Alertmanager's retry is not.
+            for key in keys:
+                recent.add(key)
             try:
-                async with lock:
-                    result = _as_result(await on_signals(fresh))
+                result = _as_result(await on_signals(fresh))
             except Exception:
+                for key in keys:
+                    recent.discard(key)
                 log.exception("rollback handler failed on %d alert signal(s)", len(fresh))
                 return reply(500, "handler_error", error="rollback handler failed; retry")
-            for key in keys:  # only once handled, so a retry after a failure is not a duplicate
-                recent.add(key)
         if result.unknown:
             ignored["unknown_target"] = len(result.unknown)
             for name in sorted({_describe(ref) for ref in result.unknown}):

@@ -9,6 +9,7 @@ so a rollback and a reconcile never interleave.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import defaultdict
@@ -60,8 +61,15 @@ class RollbackActions:
         for sig in signals:
             by_resource[(sig.target.namespace, sig.target.mtpinference)].append(sig)
         outcome = Outcome()
-        for key, sigs in by_resource.items():
+
+        async def one(key: Key, sigs: list[AlertSignal]) -> None:
             await self._apply_to_resource(key, sigs, outcome, received)
+            if self.reconciler.slot(key).dirty:
+                # a reconcile asked for while we held the lock was deferred to us
+                await self.reconciler.reconcile(key)
+
+        # resources are independent: each waits only for its own lock
+        await asyncio.gather(*(one(k, s) for k, s in by_resource.items()))
         return outcome
 
     async def _apply_to_resource(
