@@ -6,11 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtp_runtime.gpu_profiles import product_family
-
 from mtp_operator import conditions as c
 from mtp_operator.naming import pool_deployment_name, product_slug
 from mtp_operator.planning import PoolPlan
+from mtp_runtime.gpu_profiles import product_family
 
 MAX_REMOVED_POOLS = 10
 

@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-from mtp_runtime.metrics import ParseError, spec_snapshot
-from mtp_runtime.vllm_command import DEFAULT_PORT
 
 from mtp_operator.rollback.evaluator_logic import PoolEvaluator, pool_snapshot
 from mtp_operator.rollback.signals import PoolRef
 from mtp_operator.validation import spec_problems
+from mtp_runtime.metrics import ParseError, spec_snapshot
+from mtp_runtime.vllm_command import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
 
