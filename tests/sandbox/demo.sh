@@ -49,15 +49,21 @@ say "CRD and namespace $NS"
 kubectl apply --server-side --force-conflicts -f crds/mtp-operator.io_mtpinferences.yaml >/dev/null
 kubectl wait --for=condition=Established crd/mtpinferences.mtp-operator.io --timeout=60s >/dev/null
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-if [[ -n $(kubectl get mtpi -n "$NS" -o name 2>/dev/null) ]]; then
-    echo "removing the previous demo's resources"
+remove_demo() {  # the resource, its pools and their pods, at once (no grace period)
+    local i
     kubectl delete mtpi --all -n "$NS" --wait=true >/dev/null
-    kubectl delete deployments,pods --all -n "$NS" --grace-period=0 --force >/dev/null 2>&1 || true
+    kubectl delete deployments,replicasets --all -n "$NS" --wait=false >/dev/null 2>&1 || true
+    for i in $(seq 100); do
+        [[ -z $(kubectl get pods -n "$NS" -o name 2>/dev/null) ]] && return 0
+        kubectl delete pods --all -n "$NS" --grace-period=0 --force >/dev/null 2>&1 || true
+        sleep 0.3
+    done
+    echo "pods in $NS still there after 30 s:"; kubectl get pods -n "$NS"; return 1
+}
+if [[ -n $(kubectl get mtpi,pods -n "$NS" -o name 2>/dev/null) ]]; then
+    echo "removing the previous demo's resources"
+    remove_demo
 fi
-for _ in $(seq 100); do
-    [[ -z $(kubectl get pods -n "$NS" -o name 2>/dev/null) ]] && break
-    sleep 0.3
-done
 
 say "operator: mtp-operator run --namespace $NS --evaluator --evaluator-interval 1 (log: $STATE_DIR/demo-operator.log)"
 METRICS_PORT=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -199,8 +205,7 @@ if [[ ${MTP_DEMO_KEEP:-0} == 1 ]]; then
     kept="the demo's resources are kept (MTP_DEMO_KEEP=1)"
 else
     # Its pools hold whole GPU nodes (tensorParallelSize 8): free them for `make test`.
-    kubectl delete mtpi "$NAME" -n "$NS" --wait=true >/dev/null
-    kubectl delete deployments,pods --all -n "$NS" --grace-period=0 --force >/dev/null 2>&1 || true
+    remove_demo
     kept="$NAME deleted again so its pods free the simulated GPUs (MTP_DEMO_KEEP=1 keeps it)"
 fi
 say "done in $(( $(date +%s) - started )) s: fake vLLM servers and the operator stopped; $kept"
