@@ -9,7 +9,7 @@ webhook    Several MTPInference resources (default 8 x 4 GPU pools, cooldownSeco
            resources and pools; each is timed from just before the POST to the moment a
            Deployment watch (lightkube AsyncClient) delivers that pool's Deployment with the
            next lower K. `sequential`: one alert at a time; `burst`: one alert for every pool
-           at once (the receiver serialises requests, so this shows queueing).
+           at once (decisions are serialised per MTPInference, so this shows queueing).
 evaluator  The built-in evaluator (`--evaluator --evaluator-interval 1`), no Prometheus. Every
            pool pod gets a FakeVLLM on its IP:8000 (vLLM 0.33.0 metrics, 100 drafts/s, p=0.95).
            One pool at a time, its acceptance drops to 0; timed from that moment (and from the
@@ -461,8 +461,10 @@ def markdown(result: dict[str, Any]) -> str:
             "bearer token) spread round-robin over the pools; the Deployment watch is a "
             "lightkube AsyncClient in the bench process. The receiver answers 200 after the "
             "status write and the patch, so the answer comes after the patch is visible. The "
-            "burst sends one alert to every pool still speculating (K > 0) at the same time; "
-            "the receiver handles requests one at a time, so later ones queue.")
+            "burst sends one alert to every pool still speculating (K > 0) at the same time "
+            "(one request each); the receiver handles requests concurrently but decides and "
+            "patches one pool at a time per MTPInference, and the operator, the API server "
+            "and this script share the CPUs, so later ones wait.")
     if ev:
         r = ev["rollback"]
         lines.append(
