@@ -14,8 +14,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
+from lightkube import ApiError
 
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from mtp_operator.kube import TransportError
 from mtp_operator.naming import (
     ANNOTATION_GPU_PRODUCT,
     LABEL_GPU_PRODUCT,
@@ -25,7 +27,7 @@ from mtp_operator.naming import (
     label_value,
 )
 from mtp_operator.planning import GPUNode, gpu_node_from_body
-from mtp_operator.reconciler import Key, Reconciler, TransientReconcileError
+from mtp_operator.reconciler import RETRY_SECONDS, Key, Reconciler, TransientReconcileError
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +167,11 @@ async def resync_loop(reconciler: Reconciler, view: KopfView, interval: float) -
 async def _reconcile(reconciler: Reconciler, key: Key) -> None:
     try:
         await reconciler.reconcile(key)
-    except TransientReconcileError as err:
-        # Reported in status already; the resync timer retries.
-        log.warning("will retry %s/%s: %s", key[0], key[1], err)
+    except (TransientReconcileError, ApiError, TransportError) as err:
+        # Reported in status where it could be; a watch event is not delivered twice, so
+        # retry soon rather than at the next resync.
+        log.warning("will retry %s/%s in %.0fs: %s", key[0], key[1], RETRY_SECONDS, err)
+        reconciler.reconcile_later(key, RETRY_SECONDS)
 
 
 def configure(settings: kopf.OperatorSettings) -> None:

@@ -25,6 +25,14 @@ from mtp_operator.builders import FIELD_MANAGER
 
 log = logging.getLogger(__name__)
 
+try:  # lightkube 1.x talks through httpx2; its connection errors and timeouts are these
+    from httpx2 import TransportError
+except ImportError:  # pragma: no cover - older lightkube
+    from httpx import TransportError
+
+#: What a request to the API server raises besides ApiError when the server is away or slow.
+__all__ = ["Kube", "TransportError"]
+
 MTPInferenceResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 

@@ -14,11 +14,12 @@ import os
 import socket
 from datetime import UTC, datetime, timedelta
 
-import httpx
 from lightkube import ApiError, AsyncClient
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
+
+from mtp_operator.kube import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class LeaderElector:
                         self.name,
                     )
                     return
-            except (ApiError, httpx.TransportError, OSError) as err:
+            except (ApiError, TransportError, OSError) as err:
                 log.warning("leader election: %s", err)
             if not announced:
                 log.info("leader election: waiting for lease %s/%s", self.namespace, self.name)
@@ -133,5 +134,5 @@ class LeaderElector:
                 if not await self.try_acquire():
                     log.error("leader election: lease %s taken by another replica", self.name)
                     return
-            except (ApiError, httpx.TransportError, OSError) as err:
+            except (ApiError, TransportError, OSError) as err:
                 log.warning("leader election: renewal failed, retrying: %s", err)

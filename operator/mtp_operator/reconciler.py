@@ -21,6 +21,7 @@ from lightkube import ApiError
 from mtp_operator import builders
 from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
 from mtp_operator.drift import drifted_fields
+from mtp_operator.kube import TransportError
 from mtp_operator.metrics import OPERATOR_METRICS
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import (
@@ -67,9 +68,30 @@ class _Slot:
     # a new Deployment's watch event must not create (and announce) it a second time.
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)
     service_applied: float = -1e9  # monotonic time of our last Service apply
+    status_written: float = -1e9  # monotonic time of our last status write
+    later: asyncio.TimerHandle | None = None  # a pass scheduled by reconcile_later()
 
 
-SERVICE_WATCH_GRACE = 10.0  # seconds our Service apply stands in for the watch's copy
+SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
+# A status change that only moves counts (ready replicas, messages) is written at most this
+# often per resource; anything a reader acts on (phase, a condition's status, K, generation,
+# rollbacks) at once. At scale this halves the status writes of a rollout.
+STATUS_COUNTS_INTERVAL = 2.0
+RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resource
+
+
+def _significant(status: Mapping[str, Any]) -> dict[str, Any]:
+    """Status without what only counts progress: replica counts and condition messages."""
+    out = {k: v for k, v in status.items() if k not in ("conditions", "ready")}
+    out["pools"] = [
+        {k: v for k, v in p.items() if k not in ("replicas", "readyReplicas")}
+        for p in status.get("pools") or []
+    ]
+    out["conditions"] = [
+        (c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
+        for c in status.get("conditions") or []
+    ]
+    return out
 
 
 def resource_version(body: Mapping[str, Any]) -> int:
@@ -92,6 +114,7 @@ class Reconciler:
         self.settings = settings
         self.clock = clock
         self._slots: dict[Key, _Slot] = {}
+        self._tasks: set[asyncio.Task] = set()
         self._gpu_fingerprint: frozenset = frozenset()
 
     # ---- scheduling -------------------------------------------------------------------
@@ -99,7 +122,35 @@ class Reconciler:
         return self._slots.setdefault(key, _Slot())
 
     def forget(self, key: Key) -> None:
-        self._slots.pop(key, None)
+        slot = self._slots.pop(key, None)
+        if slot is not None and slot.later is not None:
+            slot.later.cancel()
+
+    def reconcile_later(self, key: Key, delay: float) -> None:
+        """One more pass of `key` in `delay` seconds (one timer per resource; the earliest)."""
+        slot = self.slot(key)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        if slot.later is not None and not slot.later.cancelled():
+            if slot.later.when() <= due:
+                return
+            slot.later.cancel()
+
+        def fire() -> None:
+            slot.later = None
+            if self._slots.get(key) is slot:
+                task = loop.create_task(self._reconcile_quietly(key))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+        slot.later = loop.call_at(due, fire)
+
+    async def _reconcile_quietly(self, key: Key) -> None:
+        try:
+            await self.reconcile(key)
+        except (TransientReconcileError, ApiError, TransportError) as err:
+            log.warning("will retry %s/%s: %s", key[0], key[1], err)
+            self.reconcile_later(key, RETRY_SECONDS)
 
     def pool_seen(self, key: Key, body: Mapping[str, Any]) -> None:
         """The watch delivered a pool Deployment event (deletions too): our copy is stale now."""
@@ -167,8 +218,13 @@ class Reconciler:
     ) -> None:
         if not status_changed(old, new):
             return
-        out = await self.kube.patch_status(key[0], key[1], new)
         slot = self.slot(key)
+        wait = slot.status_written + STATUS_COUNTS_INTERVAL - time.monotonic()
+        if wait > 0 and _significant(old) == _significant(new):
+            self.reconcile_later(key, wait)  # counts only: written with the next change
+            return
+        out = await self.kube.patch_status(key[0], key[1], new)
+        slot.status_written = time.monotonic()
         slot.status = dict(out.get("status") or new)
         try:
             slot.status_rv = int(out["metadata"]["resourceVersion"])
@@ -259,8 +315,11 @@ class Reconciler:
                     f"removed pool {product}: no schedulable node of this GPU product fits "
                     "any more, or gpuProducts no longer lists it",
                 )
-        except ApiError as err:
-            apply_error = f"{err.status.code}: {err.status.message}"
+        except (ApiError, TransportError) as err:
+            if isinstance(err, ApiError):
+                apply_error = f"{err.status.code}: {err.status.message}"
+            else:
+                apply_error = f"API server unreachable: {type(err).__name__} {err}".strip()
             removed = []
             log.warning("reconcile %s/%s failed: %s", key[0], key[1], apply_error)
 

@@ -343,7 +343,8 @@ def test_apiserver_and_etcd_restart_same_operator_reconnects(cluster: Cluster, n
     t0 = time.monotonic()
     c.sb.stop_component("kube-apiserver", sig=signal.SIGKILL)  # a crash, not a clean stop
     c.sb.stop_component("etcd", sig=signal.SIGKILL)
-    time.sleep(3)
+    # longer than the leader's renew interval: a renewal fails on a refused connection
+    time.sleep(RENEW_SECONDS + 1)
     with urllib.request.urlopen(op.url("/healthz"), timeout=5) as r:  # alive through it
         assert r.status == 200
     c.sb.start_component("etcd")
