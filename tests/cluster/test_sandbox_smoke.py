@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import signal
 import time
@@ -70,7 +71,7 @@ def test_nodes_ready_with_gpu_labels(kubectl):
     assert cpu_only >= 1
 
 
-def test_gpu_deployment_lands_on_h100_and_becomes_ready(kubectl, namespace):
+def test_gpu_deployment_lands_on_h100_and_becomes_ready(sandbox, kubectl, namespace):
     manifest = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -119,7 +120,7 @@ def test_gpu_deployment_lands_on_h100_and_becomes_ready(kubectl, namespace):
     conds = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
     assert conds["Ready"] == "True"
     assert pod["status"]["phase"] == "Running"
-    assert pod["status"]["podIP"].startswith("127.64.")
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in ipaddress.ip_network(sandbox.pod_cidr)
 
 
 def test_pod_asking_for_nine_gpus_stays_pending(kubectl, namespace):

@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import fcntl
+import hashlib
 import ipaddress
 import json
 import os
@@ -412,6 +413,15 @@ class Sandbox:
         return self.state_dir / "pki"
 
     @property
+    def pod_cidr(self) -> str:
+        """Pod IPs on loopback, a /16 of 127.64.0.0/10 chosen by the state dir, so two
+        sandboxes (a test's private one, another checkout's) never hand out the same IP."""
+        if self.state_dir.resolve() == (REPO / ".sandbox").resolve():
+            return POD_CIDR
+        digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).digest()
+        return f"127.{65 + digest[0] % 63}.0.0/16"
+
+    @property
     def audit_log(self) -> Path:
         """kube-apiserver's audit log (JSON lines; ServiceAccount requests, Metadata level)."""
         return self.logs / "audit.log"
@@ -627,7 +637,7 @@ class Sandbox:
                 f"--kubeconfig={kcfg / 'kwok.conf'}",
                 f"--config={d / 'kwok.yaml'}",
                 "--manage-all-nodes=true",
-                f"--cidr={POD_CIDR}",
+                f"--cidr={self.pod_cidr}",
                 f"--node-ip={NODE_IP}",
                 "--node-lease-duration-seconds=40",
                 f"--server-address=127.0.0.1:{p['kwok']}",

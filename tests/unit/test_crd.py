@@ -155,7 +155,7 @@ def test_defaults() -> None:
         "enabled": True,
         "minHitRate": api.DEFAULT_MIN_HIT_RATE,
         "maxErrorPropagationRate": api.DEFAULT_MAX_ERROR_PROPAGATION_RATE,
-        "cooldownSeconds": 300,
+        "cooldownSeconds": 600,
         "stabilizationSeconds": 600,
         "windowSeconds": 300,
         "forSeconds": 300,

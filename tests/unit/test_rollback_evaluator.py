@@ -179,12 +179,13 @@ def test_evaluator_signal_drives_the_policy() -> None:
     ev, pod = PoolEvaluator(POOL), Pod()
     state = PoolRollbackState(POOL.gpu_product, current_k=6, spec_k=6, settings_since=T0)
     changes = []
-    for t, e in run(ev, pod, 0, 900, drafts(6, 0.7), k=6):
+    for t, e in run(ev, pod, 0, 1200, drafts(6, 0.7), k=6):
         for s in e.signals:
             d = decide(state, s, SPEC, at(t))
             state = d.state
             if d.changed:
                 changes.append((t, d.new_k, d.record.via))
     # fired at 330 → 5; K passed to observe stays 6 here, the repeats every 60 s wait out
-    # the cooldown and step once more at 630
-    assert changes == [(330, 5, "evaluator"), (630, 4, "evaluator")]
+    # the cooldown (600 s by default) and step once more at 930
+    assert SPEC.cooldown_seconds == 600
+    assert changes == [(330, 5, "evaluator"), (930, 4, "evaluator")]

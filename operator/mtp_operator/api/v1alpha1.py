@@ -81,9 +81,11 @@ class RollbackSpec(_Model):
         description="MTPErrorPropagationHigh fires above this error-propagation rate.",
     )
     cooldown_seconds: int = Field(
-        300,
+        600,
         ge=0,
-        description="After a rollback, further alerts for the pool are ignored this long.",
+        description="After a rollback, further alerts for the pool are ignored this long. Keep "
+        "it at least the alert's window plus its `for` (5m + 5m for the shipped rules): until "
+        "then the alert still sees data from before the rollback.",
     )
     stabilization_seconds: int = Field(
         600,
