@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from monitoring import Alertmanager, MetricsServer, Prometheus, ScrapeTarget, WebhookReceiver
 
 pytestmark = pytest.mark.usefixtures("monitoring_binaries")
