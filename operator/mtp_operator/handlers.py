@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 from lightkube import ApiError
 
+from mtp_operator import kopf_tweaks
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from mtp_operator.kube import TransportError
 from mtp_operator.naming import (
@@ -186,6 +187,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # objects of one kind (64 pool Deployments or pods) the operator deadlocks before its first
     # reconcile (kopf issue #1243). Workers are idle asyncio tasks, cheap at thousands.
     settings.queueing.worker_limit = None
+    kopf_tweaks.apply()  # start-up: O(n) instead of O(n^2) wake-ups while indexing
     # Our resources are known; no CRD/namespace scanning (and no RBAC for it).
     settings.scanning.disabled = True
     # Every handled event would otherwise log a line; real problems still log as warnings.
