@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+import support.mtpi as mtpi_helpers
 from support.cluster_fixtures import get_json, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,42 +27,18 @@ SEED_COMMAND = [
 ]
 
 
-def mtpi(name: str, **spec) -> str:
-    spec.setdefault("model", "deepseek-ai/DeepSeek-V3")
-    return yaml.safe_dump(
-        {"apiVersion": "mtp-operator.io/v1alpha1", "kind": "MTPInference",
-         "metadata": {"name": name}, "spec": spec}
-    )
+mtpi = mtpi_helpers.manifest
+resource = mtpi_helpers.resource
+condition = mtpi_helpers.condition
+wait_ready = mtpi_helpers.wait_ready
 
 
 def apply(kubectl, namespace: str, manifest: str, check: bool = True):
     return kubectl("apply", "-n", namespace, "-f", "-", input=manifest, check=check)
 
 
-def resource(kubectl, namespace: str, name: str) -> dict:
-    return get_json(kubectl, "mtpi", name, "-n", namespace)
-
-
 def pools(kubectl, namespace: str) -> dict[str, dict]:
-    items = get_json(kubectl, "deployments", "-n", namespace)["items"]
-    return {d["metadata"]["annotations"]["mtp-operator.io/gpu-product"]: d for d in items}
-
-
-def condition(obj: dict, ctype: str) -> dict:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c["type"] == ctype:
-            return c
-    return {}
-
-
-def wait_ready(kubectl, namespace: str, name: str, timeout: float = 90) -> dict:
-    def ready():
-        obj = resource(kubectl, namespace, name)
-        st = obj.get("status") or {}
-        gen = obj["metadata"]["generation"]
-        return obj if st.get("phase") == "Ready" and st.get("observedGeneration") == gen else None
-
-    return wait_for(ready, timeout, message=f"{name} Ready")
+    return mtpi_helpers.deployments(kubectl, namespace)
 
 
 def test_seed_example_one_pool_per_product(kubectl, namespace, operator):
@@ -70,7 +48,7 @@ def test_seed_example_one_pool_per_product(kubectl, namespace, operator):
 
     deployed = pools(kubectl, namespace)
     assert set(deployed) == set(SANDBOX_PRODUCTS)
-    for product, dep in deployed.items():
+    for dep in deployed.values():
         command = json.loads(dep["metadata"]["annotations"]["mtp-operator.io/vllm-command"])
         assert command == SEED_COMMAND
         container = dep["spec"]["template"]["spec"]["containers"][0]
