@@ -184,6 +184,13 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> float:
+    """CPU-seconds the whole machine has been busy (all CPUs, /proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mib(pid: int | None) -> float:
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -202,6 +209,7 @@ class Phase:
         self.requests0 = self.bench.requests.snapshot()
         self.audit0 = self.bench.audit.offset()
         self.cpu0 = self.bench.cpu()
+        self.busy0 = machine_busy_seconds()
         self.t0 = time.monotonic()
         return self
 
@@ -211,6 +219,12 @@ class Phase:
         self.operator_requests = self.bench.audit.since(self.audit0)
         cpu1 = self.bench.cpu()
         self.cpu = {k: round(cpu1.get(k, 0) - self.cpu0.get(k, 0), 2) for k in cpu1}
+        # everything else on the machine meanwhile (other people's work on a shared machine)
+        busy = machine_busy_seconds() - self.busy0
+        self.cpu["machine_total"] = round(busy, 2)
+        self.cpu["other_processes"] = round(
+            busy - sum(v for k, v in self.cpu.items() if k not in ("machine_total",)), 2
+        )
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -393,6 +407,7 @@ class Bench:
 
     def cpu(self) -> dict[str, float]:
         out = {c: cpu_seconds(info.get("pid")) for c, info in self.sb.state()["pids"].items()}
+        out["bench_client"] = cpu_seconds(os.getpid())
         if self.operator and self.operator.proc and self.operator.proc.poll() is None:
             out["operator"] = cpu_seconds(self.operator.proc.pid)
         return out
@@ -628,7 +643,10 @@ class Bench:
                 rounds.append(
                     {"floor_seconds": self.result["floor"]["seconds"],
                      "operator_seconds": self.result["operator"]["seconds"],
-                     "operator_cpu_seconds": self.result["operator"]["operator_cpu_seconds"]}
+                     "operator_cpu_seconds": self.result["operator"]["operator_cpu_seconds"],
+                     "other_load_cpu_seconds": {
+                         "floor": self.result["floor"]["cpu_seconds"]["other_processes"],
+                         "operator": self.result["operator"]["cpu_seconds"]["other_processes"]}}
                 )  # fmt: skip
                 if i < self.args.rounds - 1:
                     assert self.operator is not None
@@ -802,6 +820,14 @@ def markdown(r: dict[str, Any]) -> str:
             f"{x['operator_seconds']:.1f} s / {x['floor_seconds']:.1f} s" for x in r["rounds"]
         )
         + f") | {ratio:.2f}x | <= {TARGET_RATIO}x: {_mark(ratio <= TARGET_RATIO)} |",
+        "| CPU-s taken by other work on the machine meanwhile, per round (operator / floor) | "
+        + ", ".join(
+            f"{x['other_load_cpu_seconds']['operator']:.0f} / "
+            f"{x['other_load_cpu_seconds']['floor']:.0f}"
+            for x in r["rounds"]
+            if "other_load_cpu_seconds" in x
+        )
+        + " | |",
         f"| operator CPU during the run | {op['operator_cpu_seconds']} s | |",
         f"| operator peak RSS (VmHWM, whole life so far) | {op['operator_peak_rss_mib']} MiB | |",
         f"| operator's own counters during the run | {counters['reconciles']:.0f} reconcile "
