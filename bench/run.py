@@ -611,15 +611,17 @@ class Bench:
             self.result["reaction"] = "bench/reaction.py not present"
             return
         log("reaction: running bench/reaction.py on the same sandbox")
-        spec = importlib.util.spec_from_file_location("bench_reaction", path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
         old = os.environ.get("MTP_SANDBOX_DIR")
         os.environ["MTP_SANDBOX_DIR"] = str(self.sb.state_dir)
         try:
+            spec = importlib.util.spec_from_file_location("bench_reaction", path)
+            assert spec and spec.loader
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["bench_reaction"] = module  # its dataclasses look themselves up there
+            spec.loader.exec_module(module)
             rc = module.main(["--out", str(self.args.out)])
         except Exception as err:  # its failure must not lose the scale figures
+            log(f"reaction: failed: {err!r}")
             rc = f"failed: {err!r}"
         finally:
             if old is None:

@@ -175,6 +175,20 @@ async def _reconcile(reconciler: Reconciler, key: Key) -> None:
         reconciler.reconcile_later(key, RETRY_SECONDS)
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff-base: valid only while no handler needs diffs (no on.create/update/resume/
+    field handlers, no daemons or timers; on.event handlers and indexes get no diff)."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return None
+
+    def fetch(self, *, body: Any) -> Any:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        return None
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
     """kopf settings: no kopf-posted events or progress writes; we post our own events."""
     settings.posting.enabled = False
@@ -188,6 +202,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # reconcile (kopf issue #1243). Workers are idle asyncio tasks, cheap at thousands.
     settings.queueing.worker_limit = None
     kopf_tweaks.apply()  # start-up: O(n) instead of O(n^2) wake-ups while indexing
+    # kopf builds every event's "essence" (a deep copy of the body, minus status) to diff it
+    # for on.create/update/resume handlers and daemons. There are none here (see the module
+    # doc), so nothing is built or stored: about a fifth of the operator's CPU at scale.
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Our resources are known; no CRD/namespace scanning (and no RBAC for it).
     settings.scanning.disabled = True
     # Every handled event would otherwise log a line; real problems still log as warnings.

@@ -9,6 +9,7 @@ makes it run once more, never twice in parallel.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -70,6 +71,10 @@ class _Slot:
     service_applied: float = -1e9  # monotonic time of our last Service apply
     status_written: float = -1e9  # monotonic time of our last status write
     later: asyncio.TimerHandle | None = None  # a pass scheduled by reconcile_later()
+    # The last pass's pure results, reused while their inputs are the same: most passes at
+    # scale are for a pool's status change and find the same spec and the same plans.
+    spec_memo: tuple[str, Any, Any] | None = None  # (spec as JSON, spec, problems)
+    desired_memo: tuple[Any, list[dict[str, Any]]] | None = None  # (inputs, objects)
 
 
 SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
@@ -243,7 +248,7 @@ class Reconciler:
         previous = self.current_status(key, body)
         observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
-        spec, found = spec_problems(body.get("spec") or {})
+        spec, found = self._spec(key, body)
 
         now = self.clock()
         rollback = pool_rollback_state(previous, meta, generation, now)
@@ -284,15 +289,7 @@ class Reconciler:
 
         assert spec is not None
         uid = meta.get("uid", "")
-        desired = builders.desired_objects(
-            key[1],
-            key[0],
-            uid,
-            spec,
-            plans,
-            self.settings.default_image,
-            self.settings.gpu_profiles,
-        )
+        desired = self._desired(key, uid, spec, plans)
         hashes: dict[str, str] = {}
         apply_error = None
         try:
@@ -344,6 +341,38 @@ class Reconciler:
         if apply_error:
             # Let kopf's caller retry with backoff: the API server may be briefly away.
             raise TransientReconcileError(apply_error)
+
+    def _spec(self, key: Key, body: Mapping[str, Any]) -> tuple[Any, Any]:
+        """spec_problems(spec), reused while the spec is the same."""
+        slot = self.slot(key)
+        text = json.dumps(body.get("spec") or {}, sort_keys=True, default=str)
+        if slot.spec_memo is None or slot.spec_memo[0] != text:
+            spec, found = spec_problems(body.get("spec") or {})
+            slot.spec_memo = (text, spec, found)
+        return slot.spec_memo[1], list(slot.spec_memo[2] or [])
+
+    def _desired(self, key: Key, uid: str, spec: Any, plans: list[PoolPlan]) -> list[dict]:
+        """builders.desired_objects (pure), reused while its inputs are the same. The spec
+        and each pool's K determine a plan's serve settings; the objects are never mutated."""
+        slot = self.slot(key)
+        assert slot.spec_memo is not None
+        inputs = (
+            slot.spec_memo[0],
+            uid,
+            tuple((p.gpu_product, p.k, p.source, p.k_mode, p.serve) for p in plans),
+        )
+        if slot.desired_memo is None or slot.desired_memo[0] != inputs:
+            objs = builders.desired_objects(
+                key[1],
+                key[0],
+                uid,
+                spec,
+                plans,
+                self.settings.default_image,
+                self.settings.gpu_profiles,
+            )
+            slot.desired_memo = (inputs, objs)
+        return slot.desired_memo[1]
 
     async def _write_pool(
         self, owner: Mapping[str, Any], plan: PoolPlan, desired: Mapping[str, Any]
