@@ -26,19 +26,18 @@ from support.mtpi import (
     ANNOTATION_RESET,
     H100,
     apply,
+    check_one_pool_rolled_back,
     condition,
     deployments,
-    events,
     metric,
     pool,
     pool_ks,
     resource,
-    runtime_k,
     settings_hashes,
     wait_ready,
 )
 from support.operator_proc import free_port
-from support.pool_fakes import PoolFakes, PoolWatch, deployment_k, sanitize_label
+from support.pool_fakes import PoolFakes, PoolWatch, sanitize_label
 
 pytestmark = pytest.mark.usefixtures("monitoring_binaries")
 
@@ -148,31 +147,9 @@ def test_alertmanager_rolls_back_only_the_degraded_pool_and_holds_until_reset(
         assert change.k == 5
         assert change.t - t0 < 30
 
-        deps = deployments(kubectl, namespace)
-        assert deployment_k(deps[H100]) == 5 and runtime_k(deps[H100]) == 5
-        now_hashes = settings_hashes(deps)
-        assert {p for p in hashes if hashes[p] != now_hashes[p]} == {H100}
-
-        obj = wait_for(lambda: (o := resource(kubectl, namespace, "dsv3"))["status"].get(
-            "rollbacks") and o, 10, message="rollback in status")
-        (record,) = obj["status"]["rollbacks"]
-        assert record["gpuProduct"] == H100 and (record["fromK"], record["toK"]) == (6, 5)
-        assert record["via"] == "alertmanager"
-        assert record["alert"] in OUR_ALERTS
-        if record["alert"] == "MTPHitRateLow":
-            assert record["value"] < record["threshold"] == 0.88
-        else:
-            assert record["value"] > record["threshold"] == 0.40
-        h100 = pool(obj, H100)
-        assert (h100["numSpeculativeTokens"], h100["source"], h100["rollbackK"]) == (
-            5, "rollback", 5)
-        assert pool_ks(obj) == {**ks, H100: 5}
-        rolled = condition(obj, "SpeculationRolledBack")
-        assert rolled["status"] == "True" and rolled["reason"] == "RolledBack"
-        assert H100 in rolled["message"]
-        (event,) = events(kubectl, namespace, "SpeculationRolledBack", "dsv3")
-        assert event["type"] == "Warning" and "via alertmanager" in event["message"]
-        assert obj["spec"] == spec_before and obj["metadata"]["generation"] == generation
+        check_one_pool_rolled_back(kubectl, namespace, "dsv3", H100, ks=ks, hashes=hashes,
+                                   to_k=5, via="alertmanager", spec_before=spec_before,
+                                   generation=generation)
         assert metric(op, "mtp_operator_alert_requests_total", code="200") >= 1
         assert metric(op, "mtp_operator_alert_requests_rejected_total") == 0
         assert metric(op, "mtp_operator_rollbacks_total") == 1

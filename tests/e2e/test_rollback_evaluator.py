@@ -16,17 +16,17 @@ from support.mtpi import (
     ANNOTATION_RESET,
     H100,
     apply,
+    check_one_pool_rolled_back,
     condition,
     deployments,
     events,
     pool,
     pool_ks,
     resource,
-    runtime_k,
     settings_hashes,
     wait_ready,
 )
-from support.pool_fakes import PoolFakes, PoolWatch, deployment_k
+from support.pool_fakes import PoolFakes, PoolWatch
 
 INTERVAL = 1  # --evaluator-interval
 ROLLBACK = {
@@ -78,33 +78,10 @@ def test_evaluator_rolls_back_only_the_degraded_pool_and_holds_until_reset(
         assert change.k == 5
         assert degraded_to_patch < 15
 
-        deps = deployments(kubectl, namespace)
-        assert deployment_k(deps[H100]) == 5 and runtime_k(deps[H100]) == 5
-        now_hashes = settings_hashes(deps)
-        assert {p for p in hashes if hashes[p] != now_hashes[p]} == {H100}
-
-        obj = wait_for(lambda: (o := resource(kubectl, namespace, "dsv3"))["status"].get(
-            "rollbacks") and o, 10, message="rollback in status")
-        (record,) = obj["status"]["rollbacks"]
-        assert record["gpuProduct"] == H100 and (record["fromK"], record["toK"]) == (6, 5)
-        assert record["via"] == "evaluator"
-        assert record["alert"] in ("MTPHitRateLow", "MTPErrorPropagationHigh")
-        if record["alert"] == "MTPHitRateLow":
-            assert record["value"] < record["threshold"] == 0.88
-        else:
-            assert record["value"] > record["threshold"] == 0.40
-        assert "6->5" in record["reason"]
-        h100 = pool(obj, H100)
-        assert (h100["numSpeculativeTokens"], h100["source"], h100["rollbackK"]) == (
-            5, "rollback", 5)
-        assert pool_ks(obj) == {**ks, H100: 5}
-        rolled = condition(obj, "SpeculationRolledBack")
-        assert rolled["status"] == "True" and rolled["reason"] == "RolledBack"
-        assert H100 in rolled["message"]
-        (event,) = events(kubectl, namespace, "SpeculationRolledBack", "dsv3")
-        assert event["type"] == "Warning" and H100 in event["message"]
-        assert "via evaluator" in event["message"]
-        assert obj["spec"] == spec_before and obj["metadata"]["generation"] == generation
+        obj = check_one_pool_rolled_back(kubectl, namespace, "dsv3", H100, ks=ks,
+                                         hashes=hashes, to_k=5, via="evaluator",
+                                         spec_before=spec_before, generation=generation)
+        assert "6->5" in obj["status"]["rollbacks"][0]["reason"]
         assert op.metric("mtp_operator_rollbacks_total") == 1
 
         # Recovered: no flapping through the cooldown and a few evaluations past it.

@@ -102,3 +102,41 @@ def metric(op: Any, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
     return total
+
+
+def check_one_pool_rolled_back(kubectl, namespace: str, name: str, product: str, *,
+                               ks: dict[str, int], hashes: dict[str, str], to_k: int,
+                               via: str, spec_before: dict, generation: int) -> dict:
+    """After a rollback of `product`'s pool to `to_k`: only that pool changed (Deployment,
+    runtime config, status), the record, condition and Event say why and through which way in,
+    and the spec is untouched. Returns the resource."""
+    from support.pool_fakes import deployment_k
+
+    deps = deployments(kubectl, namespace)
+    assert deployment_k(deps[product]) == to_k and runtime_k(deps[product]) == to_k
+    now_hashes = settings_hashes(deps)
+    assert {p for p in hashes if hashes[p] != now_hashes[p]} == {product}
+
+    obj = wait_for(lambda: (o := resource(kubectl, namespace, name))["status"].get(
+        "rollbacks") and o, 10, message="rollback in status")
+    (record,) = obj["status"]["rollbacks"]
+    assert record["gpuProduct"] == product
+    assert (record["fromK"], record["toK"]) == (ks[product], to_k)
+    assert record["via"] == via
+    assert record["alert"] in ("MTPHitRateLow", "MTPErrorPropagationHigh")
+    if record["alert"] == "MTPHitRateLow":
+        assert record["value"] < record["threshold"] == 0.88
+    else:
+        assert record["value"] > record["threshold"] == 0.40
+    rolled_pool = pool(obj, product)
+    assert (rolled_pool["numSpeculativeTokens"], rolled_pool["source"],
+            rolled_pool["rollbackK"]) == (to_k, "rollback", to_k)
+    assert pool_ks(obj) == {**ks, product: to_k}
+    rolled = condition(obj, "SpeculationRolledBack")
+    assert rolled["status"] == "True" and rolled["reason"] == "RolledBack"
+    assert product in rolled["message"]
+    (event,) = events(kubectl, namespace, "SpeculationRolledBack", name)
+    assert event["type"] == "Warning" and product in event["message"]
+    assert f"via {via}" in event["message"]
+    assert obj["spec"] == spec_before and obj["metadata"]["generation"] == generation
+    return obj
