@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import yaml
+
 from support.chart import CHART, helm
 from support.cluster_fixtures import get_json, wait_for
 from support.operator_proc import OperatorProcess
@@ -24,7 +25,9 @@ def _sa_kubeconfig(sandbox, kubectl, namespace: str, sa: str, path: Path) -> Pat
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "sa",
         "clusters": [{"name": "sandbox", "cluster": {
-            "server": sandbox.apiserver_url, "certificate-authority": str(sandbox.pki / "ca.crt")}}],
+            "server": sandbox.apiserver_url,
+            "certificate-authority": str(sandbox.pki / "ca.crt"),
+        }}],
         "users": [{"name": sa, "user": {"token": token}}],
         "contexts": [{"name": "sa", "context": {"cluster": "sandbox", "user": sa}}],
     }))

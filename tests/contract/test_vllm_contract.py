@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from mtp_runtime.gpu_detect import assumed
 from mtp_runtime.gpu_profiles import KError, KRequest, resolve_k
 from mtp_runtime.launcher import plan

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+
 from mtp_operator.alerts.metrics import AlertMetrics
 from mtp_operator.alerts.receiver import (
     ReceiveResult,

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from mtp_operator.api.v1alpha1 import MTPInference
 
 pytestmark = pytest.mark.unit

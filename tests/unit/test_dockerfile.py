@@ -11,9 +11,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mtp_runtime
 import pytest
 import yaml
+
+import mtp_runtime
 
 pytestmark = pytest.mark.unit
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from mtp_operator.api.v1alpha1 import MTPInference
 from mtp_operator.planning import plan_pool
 from mtp_runtime.gpu_profiles import DEFAULT_PROFILES

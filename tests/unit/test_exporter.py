@@ -6,6 +6,7 @@ import time
 import urllib.request
 
 import pytest
+
 from mtp_runtime import metrics as m
 from mtp_runtime.exporter import FAMILIES, ExporterState, MTPExporter
 from mtp_runtime.gpu_detect import GPUInfo

@@ -6,6 +6,7 @@ import json
 import urllib.request
 
 import pytest
+
 from mtp_runtime import metrics as m
 
 pytestmark = pytest.mark.unit

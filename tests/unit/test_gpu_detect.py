@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from mtp_runtime import gpu_detect
 from mtp_runtime.gpu_detect import GPUDetectionError, from_nvml_values, parse_nvidia_smi
 

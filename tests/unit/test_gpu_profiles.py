@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from mtp_runtime.gpu_profiles import (
     DEFAULT_K,
     DEFAULT_PROFILES,

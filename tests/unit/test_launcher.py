@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from mtp_runtime import metrics as m
 from mtp_runtime.launcher import child_environment, exit_status
 from mtp_runtime.pool_config import PoolConfig

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from mtp_runtime import metrics as m
 from mtp_runtime.metrics import SpecCounters
 

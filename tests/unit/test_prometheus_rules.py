@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from mtp_operator.rollback import rules
 
 REPO = Path(__file__).resolve().parents[2]

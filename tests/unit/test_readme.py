@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from mtp_runtime.gpu_profiles import DEFAULT_K, DEFAULT_PROFILES
 
 pytestmark = pytest.mark.unit

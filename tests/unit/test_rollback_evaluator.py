@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
 from mtp_operator.api.v1alpha1 import RollbackSpec
 from mtp_operator.rollback.evaluator_logic import PoolEvaluator, pool_snapshot
 from mtp_operator.rollback.policy import PoolRollbackState, decide

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from mtp_runtime import cli
 from mtp_runtime.gpu_detect import GPUInfo
 from mtp_runtime.launcher import plan

@@ -6,6 +6,7 @@ import json
 import shlex
 
 import pytest
+
 from mtp_runtime.vllm_command import (
     MTP_METHODS,
     RESERVED_FLAGS,
