@@ -18,7 +18,6 @@ from mtp_operator.naming import ANNOTATION_RESET_ROLLBACK
 from mtp_operator.rollback.policy import (
     PoolRollbackState,
     effective_k,
-    format_time,
     promote_known_good,
 )
 
@@ -80,5 +79,3 @@ def pool_rollback_state(
     new_token = token if token and token != handled else handled
     return RollbackView(pools, new_token, now)
 
-
-__all__ = ["RollbackView", "format_time", "pool_rollback_state"]
