@@ -25,7 +25,8 @@ DEGRADED_P=0.6
 HEALTHY_P=0.95
 ROLLBACK='{"windowSeconds": 10, "forSeconds": 5, "minDrafts": 50, "cooldownSeconds": 120, "stabilizationSeconds": 30}'
 
-line=$("$PYTHON" tests/sandbox/sandbox.py up | tail -n 1)
+# MTP_SANDBOX_STARTED_BY=api: a test session's sandbox stays the session's to stop
+line=$("$PYTHON" tests/sandbox/sandbox.py up --started-by "${MTP_SANDBOX_STARTED_BY:-cli}" | tail -n 1)
 export "${line?}"                       # KUBECONFIG=<state dir>/kubeconfig
 eval "$("$PYTHON" tests/sandbox/sandbox.py env)"
 STATE_DIR=$(dirname "$KUBECONFIG")

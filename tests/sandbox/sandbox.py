@@ -1084,12 +1084,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("command", choices=["up", "down", "status", "env", "build"])
     ap.add_argument("--state-dir", help="default: <repo>/.sandbox or $MTP_SANDBOX_DIR")
     ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--started-by", default="cli", choices=("cli", "api"),
+                    help="up: `cli` keeps the sandbox running for good; `api` leaves a running "
+                    "sandbox to whoever started it (a test session stops it at its end)")
     args = ap.parse_args(argv)
     sb = Sandbox(args.state_dir)
     try:
         if args.command == "up":
             was = sb.is_running()
-            path = sb.up(timeout=args.timeout, started_by="cli")
+            path = sb.up(timeout=args.timeout, started_by=args.started_by)
             if was:
                 _log(f"sandbox already running ({sb.apiserver_url})")
             print(f"KUBECONFIG={path}", flush=True)
