@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -55,6 +54,7 @@ import aiohttp  # noqa: E402
 import yaml  # noqa: E402
 from lightkube import AsyncClient, KubeConfig  # noqa: E402
 from lightkube.resources.apps_v1 import Deployment  # noqa: E402
+from machine_info import machine  # noqa: E402  (bench/ is sys.path[0])
 
 from support.operator_proc import OperatorProcess, free_port  # noqa: E402
 from support.pool_fakes import LABEL_RESOURCE, PoolFakes, deployment_k  # noqa: E402
@@ -62,6 +62,7 @@ from support.pool_fakes import LABEL_RESOURCE, PoolFakes, deployment_k  # noqa: 
 PRODUCTS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L40S")
 TOKEN = "bench-reaction-token"
 HEALTHY, BROKEN = 0.95, 0.0
+SANDBOX_NODES = "kwok: 2xA100, 2xH100, 2xL40S, 1xH200 (8 GPUs each) + 1 CPU node"
 
 
 # ---- measuring ------------------------------------------------------------------------------
@@ -169,39 +170,6 @@ class Cluster:
         self.sb.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         self.sb.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0",
                         "--force", "--wait=false", check=False)
-
-
-def machine(sb: Any) -> dict[str, Any]:
-    mem_kib = 0
-    cpu = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_kib = int(line.split()[1])
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    versions: dict[str, str] = {}
-    for mod in ("kopf", "lightkube", "aiohttp"):
-        with contextlib.suppress(Exception):
-            from importlib.metadata import version
-
-            versions[mod] = version(mod)
-    kube = {}
-    with contextlib.suppress(Exception):
-        kube = sb.version()
-    return {
-        "nproc": os.cpu_count(),
-        "loadavg_start": os.getloadavg()[0],
-        "cpu": cpu,
-        "memory_gib": round(mem_kib / 1024 / 1024, 1),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "kube_apiserver": kube.get("gitVersion"),
-        "nodes": "kwok: 2xA100, 2xH100, 2xL40S, 1xH200 (8 GPUs each) + 1 CPU node",
-        "packages": versions,
-    }
 
 
 # ---- webhook phase --------------------------------------------------------------------------
@@ -510,7 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster.kubectl("wait", "--for=condition=Established",
                         "crd/mtpinferences.mtp-operator.io", "--timeout=60s")
         result: dict[str, Any] = {"started": datetime.now(UTC).isoformat(timespec="seconds"),
-                                  "machine": machine(sb)}
+                                  "machine": machine(
+                                      sb, loadavg_start=os.getloadavg()[0], nodes=SANDBOX_NODES)}
         if not args.skip_webhook:
             result["webhook"] = asyncio.run(webhook_phase(cluster, args, log))
             s = result["webhook"]["sequential"]["summary"]["patch_s"]

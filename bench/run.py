@@ -49,7 +49,6 @@ import copy
 import importlib.util
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -70,6 +69,7 @@ import httpx  # noqa: E402
 import yaml  # noqa: E402
 from lightkube import ApiError, AsyncClient, KubeConfig, codecs  # noqa: E402
 from lightkube.resources.apps_v1 import Deployment  # noqa: E402
+from machine_info import machine  # noqa: E402  (bench/ is sys.path[0])
 
 from mtp_operator.kube import MTPInferenceResource  # noqa: E402  (registers the kind)
 from mtp_operator.render import DEFAULT_PRODUCTS, render_resource  # noqa: E402
@@ -716,37 +716,6 @@ class Bench:
                 self.sb.down()
             log(f"operator logs in {self.work / 'operator'}")
         return self.result
-
-
-def machine(sb: Any) -> dict[str, Any]:
-    mem_kib, cpu = 0, ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_kib = int(line.split()[1])
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    packages = {}
-    from importlib.metadata import version
-
-    for mod in ("kopf", "lightkube", "aiohttp", "httpx"):
-        with contextlib.suppress(Exception):
-            packages[mod] = version(mod)
-    kube: dict[str, Any] = {}
-    with contextlib.suppress(Exception):
-        kube = sb.version()
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "memory_gib": round(mem_kib / 1024 / 1024, 1),
-        "kernel": platform.release(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "kube_apiserver": kube.get("gitVersion"),
-        "packages": packages,
-    }
 
 
 # ---- results --------------------------------------------------------------------------------
