@@ -18,6 +18,7 @@ from lightkube import AsyncClient
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mtp_operator import handlers
+from mtp_operator.alerts.receiver import parse_address
 from mtp_operator.kube import Kube
 from mtp_operator.leader import LeaderElector
 from mtp_operator.metrics import REGISTRY
@@ -44,13 +45,6 @@ class RunOptions:
     lease_name: str = "mtp-operator"
 
 
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"address {address!r}: expected HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
 async def _serve_metrics(address: str, ready: asyncio.Event) -> web.AppRunner:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(
@@ -75,7 +69,7 @@ async def _serve_metrics(address: str, ready: asyncio.Event) -> web.AppRunner:
     app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    host, port = split_address(address)
+    host, port = parse_address(address)
     await web.TCPSite(runner, host, port).start()
     return runner
 

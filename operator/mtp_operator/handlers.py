@@ -14,13 +14,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
-from lightkube import ApiError
 
 from mtp_operator import kopf_tweaks
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
-from mtp_operator.kube import TransportError
 from mtp_operator.naming import (
-    ANNOTATION_GPU_PRODUCT,
     LABEL_GPU_PRODUCT,
     LABEL_MANAGED_BY,
     LABEL_RESOURCE,
@@ -28,7 +25,7 @@ from mtp_operator.naming import (
     label_value,
 )
 from mtp_operator.planning import GPUNode, gpu_node_from_body
-from mtp_operator.reconciler import RETRY_SECONDS, Key, Reconciler, TransientReconcileError
+from mtp_operator.reconciler import Key, Reconciler, product_of
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +77,7 @@ class KopfView:
     def pool_deployments(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
         out = {}
         for body in self.deployments.get(key, ()):
-            product = (body.get("metadata", {}).get("annotations") or {}).get(
-                ANNOTATION_GPU_PRODUCT
-            )
+            product = product_of(body)
             if product:
                 out[product] = body
         return out
@@ -138,7 +133,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         if event.get("type") == "DELETED":
             reconciler.forget((namespace, name))
             return
-        await _reconcile(reconciler, (namespace, name))
+        await reconciler.reconcile_or_retry((namespace, name))
 
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node_changed(**kw: Any) -> None:
@@ -152,7 +147,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         key = owner_key(body)
         if key:
             reconciler.pool_seen(key, body)
-            await _reconcile(reconciler, key)
+            await reconciler.reconcile_or_retry(key)
 
 
 async def resync_loop(reconciler: Reconciler, view: KopfView, interval: float) -> None:
@@ -163,16 +158,6 @@ async def resync_loop(reconciler: Reconciler, view: KopfView, interval: float) -
         await asyncio.sleep(interval)
         if view.ready:
             await reconciler.reconcile_all()
-
-
-async def _reconcile(reconciler: Reconciler, key: Key) -> None:
-    try:
-        await reconciler.reconcile(key)
-    except (TransientReconcileError, ApiError, TransportError) as err:
-        # Reported in status where it could be; a watch event is not delivered twice, so
-        # retry soon rather than at the next resync.
-        log.warning("will retry %s/%s in %.0fs: %s", key[0], key[1], RETRY_SECONDS, err)
-        reconciler.reconcile_later(key, RETRY_SECONDS)
 
 
 class NoDiffBase(kopf.DiffBaseStorage):

@@ -144,17 +144,19 @@ class Reconciler:
         def fire() -> None:
             slot.later = None
             if self._slots.get(key) is slot:
-                task = loop.create_task(self._reconcile_quietly(key))
+                task = loop.create_task(self.reconcile_or_retry(key))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
         slot.later = loop.call_at(due, fire)
 
-    async def _reconcile_quietly(self, key: Key) -> None:
+    async def reconcile_or_retry(self, key: Key) -> None:
+        """reconcile(), and on an API error another pass in RETRY_SECONDS: the failure is in
+        status where it could be written, and a watch event is not delivered twice."""
         try:
             await self.reconcile(key)
         except (TransientReconcileError, ApiError, TransportError) as err:
-            log.warning("will retry %s/%s: %s", key[0], key[1], err)
+            log.warning("will retry %s/%s in %.0fs: %s", key[0], key[1], RETRY_SECONDS, err)
             self.reconcile_later(key, RETRY_SECONDS)
 
     def pool_seen(self, key: Key, body: Mapping[str, Any]) -> None:
@@ -210,11 +212,7 @@ class Reconciler:
     def current_status(self, key: Key, body: Mapping[str, Any]) -> dict[str, Any]:
         """The freshest status we know: the watched body's, or our own newer write."""
         slot = self.slot(key)
-        try:
-            watched_rv = int((body.get("metadata") or {}).get("resourceVersion") or 0)
-        except ValueError:
-            watched_rv = 0
-        if slot.status is not None and slot.status_rv > watched_rv:
+        if slot.status is not None and slot.status_rv > resource_version(body):
             return slot.status
         return dict(body.get("status") or {})
 
@@ -339,7 +337,7 @@ class Reconciler:
         status.update(rollback.status_extras())
         await self.write_status(key, body, previous, status)
         if apply_error:
-            # Let kopf's caller retry with backoff: the API server may be briefly away.
+            # the caller retries (reconcile_or_retry): the API server may be briefly away
             raise TransientReconcileError(apply_error)
 
     def _spec(self, key: Key, body: Mapping[str, Any]) -> tuple[Any, Any]:

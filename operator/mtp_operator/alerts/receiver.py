@@ -203,7 +203,7 @@ def parse_address(address: str) -> tuple[str | None, int]:
     """`HOST:PORT`, `[v6]:PORT` or `:PORT` (every interface) → (host, port)."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError(f"alerts address {address!r} is not HOST:PORT")
+        raise ValueError(f"address {address!r} is not HOST:PORT")
     host = host.strip("[]")
     return (host or None), int(port)
 

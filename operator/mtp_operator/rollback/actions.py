@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -158,11 +158,3 @@ class RollbackActions:
         from mtp_operator.rollback.evaluator import run_evaluator
 
         await run_evaluator(self, interval)
-
-    def known_pools(self) -> Mapping[Key, list[str]]:
-        out: dict[Key, list[str]] = {}
-        for key in self.view.resource_keys():
-            body = self.view.resource(key) or {}
-            status = self.reconciler.current_status(key, body)
-            out[key] = [p["gpuProduct"] for p in status.get("pools") or []]
-        return out
