@@ -18,7 +18,9 @@ ROLLED_BACK = "SpeculationRolledBack"
 # that only a spec change can fix.
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
-ORDER = (READY, PROGRESSING, DEGRADED, ROLLED_BACK, RECONCILING, STALLED)
+# Pools kept as they run although no node fits them now (present only once it was True).
+POOLS_RETAINED = "PoolsRetained"
+ORDER = (READY, PROGRESSING, DEGRADED, ROLLED_BACK, POOLS_RETAINED, RECONCILING, STALLED)
 
 # Reasons, named so users and tools can match on them.
 REASON_ALL_POOLS_READY = "AllPoolsReady"
@@ -32,6 +34,7 @@ REASON_HEALTHY = "Healthy"
 REASON_ROLLED_BACK = "RolledBack"
 REASON_NOT_ROLLED_BACK = "NotRolledBack"
 REASON_NO_REPLICAS = "ScaledToZero"
+REASON_ALL_POOLS_PLACED = "AllPoolsPlaced"
 
 
 @dataclass(frozen=True)

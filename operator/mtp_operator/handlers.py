@@ -99,22 +99,25 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
     def mtpi_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
         return {(namespace, name): dict(body)}
 
+    # Every index returns {} (never None) for an object that no longer qualifies: kopf keeps
+    # an object's previous entry when its index function returns None, so a node whose GPU
+    # label was removed would stay a node of that product forever.
     @kopf.index("v1", "nodes", id="gpu_node_index", registry=registry)
-    def gpu_node_index(body: kopf.Body, **_: Any) -> dict | None:
+    def gpu_node_index(body: kopf.Body, **_: Any) -> dict:
         node = gpu_node_from_body(body)
-        return {node.product: node} if node else None
+        return {node.product: node} if node else {}
 
     @kopf.index(
         "apps", "v1", "deployments", labels=OWNED, id="pool_deployment_index", registry=registry
     )
-    def pool_deployment_index(body: kopf.Body, **_: Any) -> dict | None:
+    def pool_deployment_index(body: kopf.Body, **_: Any) -> dict:
         key = owner_key(body)
-        return {key: dict(body)} if key else None
+        return {key: dict(body)} if key else {}
 
     @kopf.index("v1", "services", labels=OWNED, id="service_index", registry=registry)
-    def service_index(body: kopf.Body, **_: Any) -> dict | None:
+    def service_index(body: kopf.Body, **_: Any) -> dict:
         key = owner_key(body)
-        return {key: True} if key else None
+        return {key: True} if key else {}
 
     @kopf.index("v1", "pods", labels=OWNED, id="pool_pod_index", registry=registry)
     def pool_pod_index(namespace: str, name: str, labels: Any, status: Any, **_: Any):
@@ -123,7 +126,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
             for c in status.get("conditions") or []
         )
         if not ready or not status.get("podIP") or LABEL_GPU_PRODUCT not in labels:
-            return None
+            return {}
         key = (namespace, labels.get(LABEL_RESOURCE), labels[LABEL_GPU_PRODUCT])
         return {key: (name, status["podIP"])}
 

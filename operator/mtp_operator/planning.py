@@ -2,14 +2,17 @@
 
 One pool per GPU product found on schedulable nodes that can hold one replica
 (`nvidia.com/gpu` allocatable ≥ tensorParallelSize, and the resource's nodeSelector matches),
-filtered by `spec.gpuProducts` when set.
+filtered by `spec.gpuProducts` when set. A pool whose product has no such node right now
+(cordoned, NotReady, drained, GPUs not allocatable) is kept as it runs (`pool_fates`); it is
+removed only when the spec excludes it or no node carries the product for a grace period.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, PoolSource
 from mtp_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE
@@ -24,20 +27,34 @@ class GPUNode:
     allocatable_gpus: int
     labels: Mapping[str, str]
     schedulable: bool = True
+    capacity_gpus: int = 0  # nvidia.com/gpu capacity: the hardware, steadier than allocatable
+
+    @property
+    def gpus(self) -> int:
+        """The node's GPUs, whether or not they can be allocated right now."""
+        return max(self.capacity_gpus, self.allocatable_gpus)
+
+
+def _gpu_count(resources: Mapping[str, Any]) -> int:
+    try:
+        return max(0, int(str(resources.get(GPU_RESOURCE, "0"))))
+    except ValueError:
+        return 0
 
 
 def gpu_node_from_body(body: Mapping[str, Any]) -> GPUNode | None:
-    """A Node object → GPUNode, or None for nodes without a GPU product label."""
+    """A Node object → GPUNode, or None for nodes without a GPU product label or without any
+    GPU (capacity and allocatable 0): such a node is no node of that product."""
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     product = labels.get(GPU_PRODUCT_LABEL)
     if not product:
         return None
-    allocatable = (body.get("status") or {}).get("allocatable") or {}
-    try:
-        gpus = int(str(allocatable.get(GPU_RESOURCE, "0")))
-    except ValueError:
-        gpus = 0
+    status = body.get("status") or {}
+    gpus = _gpu_count(status.get("allocatable") or {})
+    capacity = max(_gpu_count(status.get("capacity") or {}), gpus)
+    if capacity == 0:
+        return None
     spec = body.get("spec") or {}
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -49,6 +66,7 @@ def gpu_node_from_body(body: Mapping[str, Any]) -> GPUNode | None:
         allocatable_gpus=gpus,
         labels=dict(labels),
         schedulable=not spec.get("unschedulable", False) and ready,
+        capacity_gpus=capacity,
     )
 
 
@@ -65,6 +83,103 @@ def fitting_products(spec: MTPInferenceSpec, nodes: Iterable[GPUNode]) -> list[s
     if spec.gpu_products is not None:
         found &= set(spec.gpu_products)
     return sorted(found)
+
+
+RETAINED_NO_SCHEDULABLE_NODE = "NoSchedulableNode"
+RETAINED_PRODUCT_GONE = "ProductGone"
+
+
+@dataclass(frozen=True)
+class PoolFate:
+    """What happens to an existing pool whose product no node fits right now."""
+
+    gpu_product: str
+    action: Literal["retain", "remove"]
+    reason: str  # NoSchedulableNode | ProductGone (retain), ProductGone | ExcludedBySpec (remove)
+    message: str
+    gone_since: datetime | None = None  # first seen without any node of its product
+    remove_at: datetime | None = None  # a retained ProductGone pool's deadline
+
+
+def _excluded_by_spec(spec: MTPInferenceSpec, product: str, nodes: list[GPUNode]) -> str | None:
+    """Why the spec itself rules out every node of `product` (a user's edit), or None."""
+    if spec.gpu_products is not None and product not in spec.gpu_products:
+        return "gpuProducts no longer lists it"
+    selector = spec.node_selector or {}
+    matching = [n for n in nodes if all(n.labels.get(k) == v for k, v in selector.items())]
+    if not matching:
+        return f"no node of this product matches nodeSelector {selector}"
+    if all(n.gpus < spec.tensor_parallel_size for n in matching):
+        return f"no node of this product has {spec.tensor_parallel_size} GPUs (tensorParallelSize)"
+    return None
+
+
+def pool_fates(
+    spec: MTPInferenceSpec,
+    nodes: Iterable[GPUNode],
+    existing: Iterable[str],
+    fitting: Iterable[str],
+    gone_since: Mapping[str, datetime],
+    now: datetime,
+    grace_seconds: float,
+) -> list[PoolFate]:
+    """The fate of each existing pool whose product is not among `fitting`, sorted.
+
+    - the spec rules the product out (gpuProducts, nodeSelector, tensorParallelSize above every
+      node's GPU capacity): removed at once, it is the user's edit;
+    - nodes of the product exist but none can take a replica now (cordoned, NotReady,
+      drained, GPUs not allocatable): retained as it runs, for as long as that lasts;
+    - no node carries the product (label removed or changed, node deleted, GPU capacity 0):
+      retained until `grace_seconds` after `gone_since`, then removed.
+    """
+    fit = set(fitting)
+    by_product: dict[str, list[GPUNode]] = {}
+    for n in nodes:
+        by_product.setdefault(n.product, []).append(n)
+    out: list[PoolFate] = []
+    for product in sorted(set(existing) - fit):
+        of_product = by_product.get(product, [])
+        if of_product:
+            why = _excluded_by_spec(spec, product, of_product)
+            if why is not None:
+                out.append(PoolFate(product, "remove", "ExcludedBySpec", why))
+            else:
+                out.append(
+                    PoolFate(
+                        product,
+                        "retain",
+                        RETAINED_NO_SCHEDULABLE_NODE,
+                        f"no schedulable node of this product has {spec.tensor_parallel_size} "
+                        "allocatable nvidia.com/gpu (cordoned, NotReady, drained or GPUs not "
+                        "allocatable); pods keep running",
+                    )
+                )
+            continue
+        since = gone_since.get(product) or now
+        due = since + timedelta(seconds=grace_seconds)
+        if now >= due:
+            out.append(
+                PoolFate(
+                    product,
+                    "remove",
+                    RETAINED_PRODUCT_GONE,
+                    f"no node has carried this GPU product for {grace_seconds:g}s",
+                    since,
+                )
+            )
+        else:
+            out.append(
+                PoolFate(
+                    product,
+                    "retain",
+                    RETAINED_PRODUCT_GONE,
+                    "no node carries this GPU product any more; the pool is removed at "
+                    f"{due.strftime('%Y-%m-%dT%H:%M:%SZ')} unless one returns",
+                    since,
+                    due,
+                )
+            )
+    return out
 
 
 def no_fit_problem(spec: MTPInferenceSpec) -> tuple[str, str]:

@@ -26,17 +26,26 @@ from mtp_operator.kube import TransportError
 from mtp_operator.metrics import OPERATOR_METRICS
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import (
+    RETAINED_PRODUCT_GONE,
     GPUNode,
     PlanError,
+    PoolFate,
     PoolPlan,
     fitting_products,
     no_fit_problem,
     plan_pool,
+    pool_fates,
 )
-from mtp_operator.rollback.policy import format_time
+from mtp_operator.rollback.policy import format_time, parse_time
 from mtp_operator.rollback.state import pool_rollback_state
 from mtp_operator.settings import OperatorSettings
-from mtp_operator.status import StatusInput, build_status, observe_deployment, status_changed
+from mtp_operator.status import (
+    StatusInput,
+    build_status,
+    observe_deployment,
+    retained_entry,
+    status_changed,
+)
 from mtp_operator.validation import problems_text, spec_problems
 
 log = logging.getLogger(__name__)
@@ -194,7 +203,8 @@ class Reconciler:
     def gpu_inventory_changed(self) -> bool:
         """True when the set of (product, allocatable, schedulable) among nodes has changed."""
         fingerprint = frozenset(
-            (n.name, n.product, n.allocatable_gpus, n.schedulable) for n in self.view.gpu_nodes()
+            (n.name, n.product, n.allocatable_gpus, n.capacity_gpus, n.schedulable)
+            for n in self.view.gpu_nodes()
         )
         changed = fingerprint != self._gpu_fingerprint
         self._gpu_fingerprint = fingerprint
@@ -251,12 +261,25 @@ class Reconciler:
         now = self.clock()
         rollback = pool_rollback_state(previous, meta, generation, now)
         plans: list[PoolPlan] = []
+        fates: list[PoolFate] = []
         blocked_reason = REASON_INVALID_SPEC
         if spec is not None and not found:
-            products = fitting_products(spec, self.view.gpu_nodes())
-            if not products:
-                # Keep what serves now (a bad edit must not tear pools down); say why.
+            nodes = list(self.view.gpu_nodes())
+            products = fitting_products(spec, nodes)
+            fates = pool_fates(
+                spec,
+                nodes,
+                observed_bodies,
+                products,
+                _gone_since(previous),
+                now,
+                self.settings.pool_removal_grace_seconds,
+            )
+            if not products and not any(f.action == "retain" for f in fates):
+                # Keep what serves now (a bad edit must not tear pools down); say why. Pools
+                # of products no node carries any more still go after their grace period.
                 found, blocked_reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
+                fates = [f for f in fates if f.reason == RETAINED_PRODUCT_GONE]
             try:
                 plans = [
                     plan_pool(spec, p, self.settings.gpu_profiles, rollback.k_for(p))
@@ -266,11 +289,18 @@ class Reconciler:
                 found = err.problems
 
         if found:
+            removed = []
+            if blocked_reason == REASON_NO_FITTING_NODES:
+                removed = await self._remove_pools(key, body, observed_bodies, fates)
+            kept = {k: v for k, v in previous.items() if k != "pools"}
+            kept["pools"] = [
+                p for p in previous.get("pools") or [] if p.get("gpuProduct") not in removed
+            ]
             status = build_status(
                 StatusInput(
                     name=key[1],
                     generation=generation,
-                    previous=previous,
+                    previous=kept if removed else previous,
                     plans=[],
                     observed=observed,
                     rollback_state={},
@@ -299,17 +329,7 @@ class Reconciler:
             for obj, plan in zip(desired[1:], plans, strict=True):
                 hashes[plan.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
                 await self._apply_pool(body, obj, plan, observed_bodies.get(plan.gpu_product))
-            removed = [p for p in observed_bodies if p not in {pl.gpu_product for pl in plans}]
-            for product in removed:
-                dep = observed_bodies[product]
-                await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
-                self.slot(key).pools.pop(product, None)
-                await self.kube.event(
-                    body,
-                    "PoolRemoved",
-                    f"removed pool {product}: no schedulable node of this GPU product fits "
-                    "any more, or gpuProducts no longer lists it",
-                )
+            removed = await self._remove_pools(key, body, observed_bodies, fates)
         except (ApiError, TransportError) as err:
             if isinstance(err, ApiError):
                 apply_error = f"{err.status.code}: {err.status.message}"
@@ -331,6 +351,7 @@ class Reconciler:
                 settings_hashes=hashes,
                 apply_error=apply_error,
                 removed=removed,
+                retained=await self._retained(key, body, previous, observed_bodies, fates),
             ),
             format_time(now),
         )
@@ -339,6 +360,58 @@ class Reconciler:
         if apply_error:
             # the caller retries (reconcile_or_retry): the API server may be briefly away
             raise TransientReconcileError(apply_error)
+
+    async def _remove_pools(
+        self,
+        key: Key,
+        body: Mapping[str, Any],
+        observed: Mapping[str, Mapping[str, Any]],
+        fates: list[PoolFate],
+    ) -> list[str]:
+        """Delete the pools whose fate is removal; returns their GPU products."""
+        removed = []
+        for fate in fates:
+            if fate.action != "remove" or fate.gpu_product not in observed:
+                continue
+            dep = observed[fate.gpu_product]
+            await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
+            self.slot(key).pools.pop(fate.gpu_product, None)
+            removed.append(fate.gpu_product)
+            await self.kube.event(
+                body, "PoolRemoved", f"removed pool {fate.gpu_product}: {fate.message}"
+            )
+        return removed
+
+    async def _retained(
+        self,
+        key: Key,
+        body: Mapping[str, Any],
+        previous: Mapping[str, Any],
+        observed: Mapping[str, Mapping[str, Any]],
+        fates: list[PoolFate],
+    ) -> list[tuple[dict[str, Any], str]]:
+        """Status entries of the pools kept as they run; an Event when one starts being kept,
+        and a pass at the earliest removal deadline."""
+        before = {p.get("gpuProduct"): p for p in previous.get("pools") or []}
+        out = []
+        for fate in fates:
+            if fate.action != "retain" or fate.gpu_product not in observed:
+                continue
+            dep = observed[fate.gpu_product]
+            prev = before.get(fate.gpu_product)
+            since = format_time(fate.gone_since) if fate.gone_since else None
+            entry = retained_entry(
+                key[1], prev, dep, observe_deployment(dep), fate.reason, since
+            )
+            if (prev or {}).get("retained") != fate.reason:
+                await self.kube.event(
+                    body, "PoolRetained", f"pool {fate.gpu_product}: {fate.message}", "Warning"
+                )
+            if fate.remove_at is not None:
+                delay = (fate.remove_at - self.clock()).total_seconds()
+                self.reconcile_later(key, max(delay, 0.0) + 0.5)
+            out.append((entry, fate.message))
+        return out
 
     def _spec(self, key: Key, body: Mapping[str, Any]) -> tuple[Any, Any]:
         """spec_problems(spec), reused while the spec is the same."""
@@ -427,6 +500,15 @@ class Reconciler:
 
 class TransientReconcileError(RuntimeError):
     """The API server refused or failed a write; retried by the caller."""
+
+
+def _gone_since(status: Mapping[str, Any]) -> dict[str, datetime]:
+    out = {}
+    for pool in status.get("pools") or []:
+        t = parse_time(pool.get("productGoneSince"))
+        if t is not None:
+            out[pool.get("gpuProduct", "")] = t
+    return out
 
 
 def product_of(deployment: Mapping[str, Any]) -> str | None:

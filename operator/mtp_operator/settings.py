@@ -4,6 +4,7 @@ Read from a YAML file (the chart mounts it from a ConfigMap) and overridden by C
     defaultImage: ghcr.io/mtp-operator/mtp-runtime:0.1.0
     gpuProfiles: {NVIDIA-H100-80GB-HBM3: 5, L40S: 1}   # cluster-wide K overrides
     evaluator: {enabled: true, intervalSeconds: 15}
+    poolRemovalGraceSeconds: 600   # a pool whose GPU product no node carries goes after this
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic.alias_generators import to_camel
 from mtp_operator import __version__
 
 DEFAULT_RUNTIME_IMAGE = f"ghcr.io/mtp-operator/mtp-runtime:{__version__}"
+DEFAULT_POOL_REMOVAL_GRACE_SECONDS = 600.0
 
 
 class _Settings(BaseModel):
@@ -32,6 +34,10 @@ class OperatorSettings(_Settings):
     default_image: str = DEFAULT_RUNTIME_IMAGE
     gpu_profiles: dict[str, int] = Field(default_factory=dict)
     evaluator: EvaluatorSettings = Field(default_factory=EvaluatorSettings)
+    # A pool whose GPU product no node carries any more (label removed, node deleted, GPU
+    # capacity 0) is kept this long before it is removed: a node being replaced or a GPU
+    # driver/device-plugin restart must not cost a serving pool.
+    pool_removal_grace_seconds: float = Field(DEFAULT_POOL_REMOVAL_GRACE_SECONDS, ge=0)
 
 
 class SettingsFileError(ValueError):

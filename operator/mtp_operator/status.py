@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ class StatusInput:
     problem_reason: str = c.REASON_INVALID_SPEC  # or NoFittingNodes
     apply_error: str | None = None
     removed: Sequence[str] = field(default_factory=list)
+    # pools kept as they run although no node fits them now: (status entry, PoolFate message)
+    retained: Sequence[tuple[dict[str, Any], str]] = ()
 
 
 def _pool_entry(i: StatusInput, plan: PoolPlan) -> dict[str, Any]:
@@ -90,7 +93,8 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
             "conditions": c.merge(prev_conditions, wanted, now, i.generation),
         }
 
-    pools = [_pool_entry(i, p) for p in i.plans]
+    pools = [_pool_entry(i, p) for p in i.plans] + [dict(e) for e, _ in i.retained]
+    pools.sort(key=lambda p: p["gpuProduct"])
     desired = sum(p["replicas"] for p in pools)
     ready = sum(p["readyReplicas"] for p in pools)
     rolling = [
@@ -126,6 +130,12 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
         wanted.append(c.Want(c.ROLLED_BACK, True, c.REASON_ROLLED_BACK, msg))
     else:
         wanted.append(c.Want(c.ROLLED_BACK, False, c.REASON_NOT_ROLLED_BACK))
+    if i.retained:
+        reasons = sorted({e["retained"] for e, _ in i.retained})
+        msg = "; ".join(f"pool {e['gpuProduct']}: {m}" for e, m in i.retained)
+        wanted.append(c.Want(c.POOLS_RETAINED, True, reasons[0], msg))
+    elif any(x.get("type") == c.POOLS_RETAINED for x in prev_conditions):
+        wanted.append(c.Want(c.POOLS_RETAINED, False, c.REASON_ALL_POOLS_PLACED))
 
     wanted = c.with_kstatus(wanted, stalled=False)  # an API error is retried, not stalled
     if i.apply_error:
@@ -149,6 +159,44 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
         "ready": f"{ready}/{desired}",
         "removedPools": removed,
     }
+
+
+def retained_entry(
+    name: str,
+    previous: Mapping[str, Any] | None,
+    deployment: Mapping[str, Any],
+    observed: ObservedPool,
+    reason: str,
+    gone_since: str | None,
+) -> dict[str, Any]:
+    """The status entry of a retained pool: what it reported last, with its live counts."""
+    meta = deployment.get("metadata") or {}
+    product = ((meta.get("annotations") or {}).get("mtp-operator.io/gpu-product")) or ""
+    entry = dict(previous or {})
+    if not entry:
+        k = _k_from_command((meta.get("annotations") or {}).get("mtp-operator.io/vllm-command"))
+        entry = {
+            "gpuProduct": product,
+            "numSpeculativeTokens": k,
+            "source": "profile" if k else "off",
+            "reason": "as the running pool was planned",
+            "deployment": meta.get("name") or pool_deployment_name(name, product),
+        }
+    entry.update(replicas=observed.desired, readyReplicas=observed.ready, retained=reason)
+    entry.pop("productGoneSince", None)
+    if gone_since:
+        entry["productGoneSince"] = gone_since
+    return entry
+
+
+def _k_from_command(command: str | None) -> int:
+    """K from a pool's `mtp-operator.io/vllm-command` annotation (0 without speculation)."""
+    try:
+        argv = json.loads(command or "[]")
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        return int(spec.get("num_speculative_tokens", 0))
+    except (ValueError, TypeError, IndexError, AttributeError):
+        return 0
 
 
 def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ depth K must be a multiple of it; model-specific MTP method names are aliases of
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -50,11 +51,15 @@ MTP_METHODS: frozenset[str] = frozenset(
 )
 
 MODEL_SOURCES = ("huggingface", "modelscope")
+# The largest K the operator plans: the shipped Prometheus rules compute error propagation for
+# K <= 16, and deeper drafts than that have no MTP model to pay off on.
+MAX_SPECULATIVE_TOKENS = 16
 DEFAULT_PORT = 8000
 
 # Flags the operator sets itself; in extraArgs they would contradict the pool's settings.
-RESERVED_FLAGS: frozenset[str] = frozenset(
+SPEC_FLAGS: frozenset[str] = frozenset(
     {
+        "--model",
         "--port",
         "--tensor-parallel-size",
         "-tp",
@@ -67,6 +72,59 @@ RESERVED_FLAGS: frozenset[str] = frozenset(
         "--spec-tokens",
     }
 )
+# Flags that would break a pool: one pool is one model on tensorParallelSize GPUs per replica,
+# spread by its Deployment, not by vLLM's pipeline or data parallelism.
+BREAKING_FLAGS: frozenset[str] = frozenset(
+    {"--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp"}
+)
+RESERVED_FLAGS: frozenset[str] = SPEC_FLAGS | BREAKING_FLAGS
+
+
+def _prefix_pattern(body: str) -> str:
+    """RE2/Python regex for every non-empty prefix of `body`, `-` also written `_`."""
+    out = ""
+    for ch in reversed(body):
+        c = "[-_]" if ch == "-" else re.escape(ch)
+        out = f"{c}({out})?" if out else c
+    return out
+
+
+def reserved_pattern() -> str:
+    """One regex (RE2 and Python `re` alike) that finds a reserved flag in an extraArgs entry in
+    every spelling vLLM's parser would take for it: `--flag`, `--flag=value`,
+    `--flag.key` (dotted JSON keys), underscores for dashes, an abbreviation (argparse expands
+    a unique prefix, and refuses an ambiguous one anyway), and a flag after whitespace in an
+    entry that starts with a flag (`"--enforce-eager --port 9000"`; an entry that does not
+    start with `-` is a value). The API server's CEL rule is generated from it."""
+    long_flags = sorted(f[2:] for f in RESERVED_FLAGS if f.startswith("--"))
+    short_flags = sorted(f[1:] for f in RESERVED_FLAGS if not f.startswith("--"))
+    longs = "|".join(_prefix_pattern(b) for b in long_flags)
+    shorts = "|".join(re.escape(b) for b in short_flags)
+    return rf"^(-\S*\s+(\S+\s+)*)?(--({longs})|-({shorts}))([=.\s]|$)"
+
+
+_RESERVED_RE = re.compile(reserved_pattern())
+
+
+def reserved_flags_in(arg: str) -> list[tuple[str, str]]:
+    """(as written, reserved flag) for each reserved flag `arg` sets, in any spelling."""
+    found: list[tuple[str, str]] = []
+    if not arg.startswith("-"):
+        return found  # a value, not a flag
+    for token in arg.split():
+        written = token.split("=", 1)[0]
+        name = written.split(".", 1)[0]
+        if name.startswith("--") and len(name) > 2:
+            norm = name.replace("_", "-")
+            hits = sorted(f for f in RESERVED_FLAGS if f.startswith("--") and f.startswith(norm))
+        elif name.startswith("-") and not name.startswith("--"):
+            hits = [name] if name in RESERVED_FLAGS else []
+        else:
+            hits = []
+        if hits:
+            exact = next((h for h in hits if h == name.replace("_", "-")), None)
+            found.append((written, exact or " or ".join(hits)))
+    return found
 
 
 @dataclass(frozen=True)
@@ -103,13 +161,6 @@ class SettingsError(ValueError):
         super().__init__("; ".join(f"{f}: {m}" for f, m in self.problems))
 
 
-def _flag_name(arg: str) -> str:
-    """`--max_model_len=8k` → `--max-model-len`, `-sc.method` → `-sc`: the flag vLLM sees
-    (its FlexibleArgumentParser accepts underscores for dashes in long options)."""
-    name = arg.split("=", 1)[0].split(".", 1)[0]
-    return name.replace("_", "-") if name.startswith("--") else name
-
-
 def problems(s: ServeSettings) -> list[tuple[str, str]]:
     """Every reason vLLM 0.33.0 would refuse these settings, named by spec field."""
     found: list[tuple[str, str]] = []
@@ -117,6 +168,10 @@ def problems(s: ServeSettings) -> list[tuple[str, str]]:
         found.append(("model", "must not be empty"))
     if s.num_speculative_tokens < 0:
         found.append(("speculative.numSpeculativeTokens", "must be 0 (off) or more"))
+    if s.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+        found.append(
+            ("speculative.numSpeculativeTokens", f"must be at most {MAX_SPECULATIVE_TOKENS}")
+        )
     if s.num_speculative_tokens > 0 and s.method not in MTP_METHODS:
         found.append(
             ("speculative.method", f"{s.method!r} is not an MTP method vLLM 0.33.0 accepts")
@@ -133,14 +188,14 @@ def problems(s: ServeSettings) -> list[tuple[str, str]]:
         found.append(("tensorParallelSize", "must be at least 1"))
     if s.model_source not in MODEL_SOURCES:
         found.append(("modelSource", f"must be one of {', '.join(MODEL_SOURCES)}"))
-    for arg in s.extra_args:
-        flag, written = _flag_name(arg), arg.split("=", 1)[0]
-        if flag in RESERVED_FLAGS:
+    for i, arg in enumerate(s.extra_args):
+        for written, flag in reserved_flags_in(arg):
             shown = flag if written == flag else f"{written} ({flag})"
-            found.append(
-                ("extraArgs", f"{shown} is set by the operator from the spec; use "
-                 "the matching spec field instead")
-            )
+            if flag in BREAKING_FLAGS:
+                why = "would break the pool (one pool: tensorParallelSize GPUs per replica)"
+            else:
+                why = "is set by the operator from the spec; use the matching spec field instead"
+            found.append((f"extraArgs[{i}]", f"{shown} {why}"))
     return found
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from mtp_operator.api import crd as crdmod
 from mtp_operator.api import v1alpha1 as api
-from mtp_runtime.vllm_command import RESERVED_FLAGS
+from mtp_runtime.vllm_command import RESERVED_FLAGS, reserved_flags_in, reserved_pattern
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
@@ -187,7 +187,7 @@ def test_bounds_and_enums() -> None:
     assert props["nodeSelector"]["additionalProperties"] == {"type": "string"}
     spec = props["speculative"]["properties"]
     assert spec["mtpLayers"]["minimum"] == 1 and spec["maxSpeculativeTokens"]["minimum"] == 0
-    assert spec["profiles"]["additionalProperties"] == {"type": "integer"}
+    assert spec["profiles"]["additionalProperties"] == {"type": "integer", "maximum": 16}
     for name in ("minHitRate", "maxErrorPropagationRate"):
         r = props["rollback"]["properties"][name]
         assert (r["minimum"], r["maximum"]) == (0, 1)
@@ -268,9 +268,39 @@ def test_cel_rules_are_where_they_belong() -> None:
     assert all(r["message"] for r in [*spec_rules, k_rule, len_rule, profile_rule])
 
 
-def test_extra_args_rule_lists_every_reserved_flag() -> None:
-    """The API server and the operator refuse the same flags."""
+def _cel_regex(rule: str) -> re.Pattern[str]:
+    """The regex inside `self.all(a, !a.matches('...'))`, CEL string escapes undone."""
+    m = re.fullmatch(r"self\.all\(a, !a\.matches\('(.*)'\)\)", rule)
+    assert m, rule
+    return re.compile(re.sub(r"\\(.)", r"\1", m.group(1)))
+
+
+# every spelling vLLM's parser takes for a reserved flag, and neighbours it must let through
+EXTRA_ARGS_REFUSED = [
+    "--port", "--port=9000", "--po", "--max_model_len=8k", "--max-model", "--tensor_parallel",
+    "--speculative-config.method=ngram", "--speculative_config", "-sc", "-sc.method", "-sc=x",
+    "-tp", "--spec-tokens=3", "--spec-m", "--served-model-name", "--reasoning-parser=qwen3",
+    "--enforce-eager --port 9000", "--enforce-eager\t-tp 2", "--model", "--mod=x",
+    "--pipeline-parallel-size", "--pipeline_parallel", "-pp", "-pp=2", "--data-parallel-size=2",
+    "--data-parallel", "-dp", "-dp.x",
+]  # fmt: skip
+EXTRA_ARGS_ACCEPTED = [
+    "--enforce-eager", "--max-num-seqs=8", "--gpu-memory-utilization", "0.9", "--port-x",
+    "--model-impl", "--reasoning-parser-plugin", "--data-parallel-size-local", "-dpl", "-tp8x",
+    "--", "-", "hello --port", "x--port", "--tokenizer", "--portable",
+]  # fmt: skip
+
+
+def test_extra_args_rule_is_generated_from_the_operators_own_list() -> None:
+    """The API server and the operator refuse the same flags, in every spelling."""
     (rule,) = _rules(SPEC["properties"]["extraArgs"])
-    listed = set(re.findall(r"'(-[-a-z]+)'", rule["rule"]))
-    assert listed == set(RESERVED_FLAGS)
-    assert "--speculative-config" in rule["message"]
+    cel = _cel_regex(rule["rule"])
+    assert cel.pattern == reserved_pattern()
+    for flag in RESERVED_FLAGS:
+        assert flag in rule["message"]
+    for arg in EXTRA_ARGS_REFUSED:
+        assert cel.search(arg), arg
+        assert reserved_flags_in(arg), arg
+    for arg in EXTRA_ARGS_ACCEPTED:
+        assert not cel.search(arg), arg
+        assert not reserved_flags_in(arg), arg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from mtp_operator.planning import (
     gpu_node_from_body,
     no_fit_problem,
     plan_pool,
+    pool_fates,
     validate_spec,
 )
 from mtp_runtime.vllm_command import build_argv
@@ -37,13 +39,16 @@ def _node_body(
     ready: str | None = "True",
     unschedulable: bool = False,
     labels: dict[str, str] | None = None,
+    capacity: str | None = None,
 ) -> dict[str, Any]:
     all_labels = dict(labels or {})
     if product is not None:
         all_labels["nvidia.com/gpu.product"] = product
-    status: dict[str, Any] = {"allocatable": {"cpu": "64"}}
+    status: dict[str, Any] = {"allocatable": {"cpu": "64"}, "capacity": {"cpu": "64"}}
     if gpus is not None:
         status["allocatable"]["nvidia.com/gpu"] = gpus
+    if capacity is not None:
+        status["capacity"]["nvidia.com/gpu"] = capacity
     if ready is not None:
         status["conditions"] = [
             {"type": "MemoryPressure", "status": "False"},
@@ -66,7 +71,8 @@ def _node(product: str, gpus: int = 8, schedulable: bool = True, **labels: str) 
 def test_gpu_node_from_body() -> None:
     node = gpu_node_from_body(_node_body("a", H100, labels={"zone": "z1"}))
     assert node == GPUNode(
-        "a", H100, 8, {"zone": "z1", "nvidia.com/gpu.product": H100}, schedulable=True
+        "a", H100, 8, {"zone": "z1", "nvidia.com/gpu.product": H100}, schedulable=True,
+        capacity_gpus=8,
     )
 
 
@@ -86,10 +92,21 @@ def test_unschedulable_or_not_ready_nodes(body: dict[str, Any], schedulable: boo
     assert fitting_products(_spec(), [node]) == []
 
 
-@pytest.mark.parametrize(("gpus", "want"), [(None, 0), ("0", 0), ("4", 4), ("bogus", 0)])
-def test_allocatable_gpus(gpus: str | None, want: int) -> None:
-    node = gpu_node_from_body(_node_body("a", H100, gpus=gpus))
+@pytest.mark.parametrize(
+    ("gpus", "capacity", "want"),
+    [(None, "8", 0), ("0", "8", 0), ("4", "8", 4), ("bogus", "8", 0), ("4", None, 4)],
+)
+def test_allocatable_gpus(gpus: str | None, capacity: str | None, want: int) -> None:
+    node = gpu_node_from_body(_node_body("a", H100, gpus=gpus, capacity=capacity))
     assert node is not None and node.allocatable_gpus == want
+
+
+@pytest.mark.parametrize(("gpus", "capacity"), [(None, None), ("0", "0"), ("bogus", "-1")])
+def test_nodes_without_any_gpu_are_no_nodes_of_their_product(
+    gpus: str | None, capacity: str | None
+) -> None:
+    # a GPU capacity of 0 takes the node out of the operator's view, like a removed label
+    assert gpu_node_from_body(_node_body("a", H100, gpus=gpus, capacity=capacity)) is None
 
 
 def test_cpu_nodes_are_ignored() -> None:
@@ -154,7 +171,8 @@ def test_fitting_products_from_node_bodies() -> None:
         _node_body("h100-1", H100),
         _node_body("h100-cordoned", H100, unschedulable=True),
         _node_body("a100-notready", A100, ready="False"),
-        _node_body("l40s-busy", L40S, gpus="0"),
+        _node_body("l40s-busy", L40S, gpus="0", capacity="8"),
+        _node_body("l40s-gone", L40S, gpus="0", capacity="0"),
     ]
     nodes = [n for n in map(gpu_node_from_body, bodies) if n is not None]
     assert len(nodes) == 4
@@ -297,8 +315,8 @@ def test_rollback_below_a_cap() -> None:
         ({"profiles": {"H100": 3}, "mtpLayers": 2}, {}, H100,
          "speculative.profiles[NVIDIA-H100-80GB-HBM3]", "multiple of it (2, 4, 6, ...)"),
         ({"method": "eagle"}, {}, H100, "speculative.method", "'eagle' is not an MTP method"),
-        ({}, {"extraArgs": ["--port=9000"]}, H100, "extraArgs", "--port"),
-        ({}, {"extraArgs": ["-sc.method", "ngram"]}, H100, "extraArgs", "-sc"),
+        ({}, {"extraArgs": ["--port=9000"]}, H100, "extraArgs[0]", "--port"),
+        ({}, {"extraArgs": ["-sc.method", "ngram"]}, H100, "extraArgs[0]", "-sc"),
     ],
 )  # fmt: skip
 def test_plan_error_names_the_field(
@@ -348,3 +366,64 @@ def test_validate_spec_reports_spec_wide_problems_once() -> None:
     assert validate_spec(spec) == [
         ("speculative.method", "'eagle' is not an MTP method vLLM 0.33.0 accepts")
     ]
+
+
+# ---- pool_fates: pools survive maintenance ------------------------------------------------
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _fates(spec: MTPInferenceSpec, nodes: list[GPUNode], existing: list[str],
+           gone: dict[str, datetime] | None = None, grace: float = 600):
+    fit = fitting_products(spec, nodes)
+    return {f.gpu_product: f for f in pool_fates(spec, nodes, existing, fit, gone or {}, NOW,
+                                                 grace)}
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        _node(H100, schedulable=False),  # cordoned / NotReady / drained
+        GPUNode("n", H100, 0, {}, True, capacity_gpus=8),  # GPUs not allocatable right now
+        GPUNode("n", H100, 2, {}, True, capacity_gpus=8),  # some GPUs taken
+    ],
+    ids=["unschedulable", "allocatable-0", "allocatable-below-tp"],
+)
+def test_a_pool_without_a_schedulable_node_is_retained(node: GPUNode) -> None:
+    spec = _spec(tensorParallelSize=4)
+    fates = _fates(spec, [node, _node(A100)], [H100, A100])
+    assert set(fates) == {H100}  # A100 fits: planned as usual, no fate
+    f = fates[H100]
+    assert (f.action, f.reason, f.remove_at) == ("retain", "NoSchedulableNode", None)
+    assert "pods keep running" in f.message
+
+
+def test_a_product_no_node_carries_is_kept_for_the_grace_period_then_removed() -> None:
+    spec = _spec()
+    first = _fates(spec, [_node(A100)], [H100])[H100]
+    assert (first.action, first.reason, first.gone_since) == ("retain", "ProductGone", NOW)
+    assert first.remove_at == NOW + timedelta(seconds=600)
+    later = _fates(spec, [_node(A100)], [H100], {H100: NOW - timedelta(seconds=599)})[H100]
+    assert later.action == "retain" and later.gone_since == NOW - timedelta(seconds=599)
+    due = _fates(spec, [_node(A100)], [H100], {H100: NOW - timedelta(seconds=600)})[H100]
+    assert (due.action, due.reason) == ("remove", "ProductGone")
+    assert _fates(spec, [], [H100], grace=0)[H100].action == "remove"
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"gpuProducts": [A100]}, "gpuProducts"),
+        ({"nodeSelector": {"zone": "z9"}}, "nodeSelector"),
+        ({"tensorParallelSize": 16}, "tensorParallelSize"),
+    ],
+    ids=["gpuProducts", "nodeSelector", "tensorParallelSize"],
+)
+def test_a_pool_the_spec_excludes_is_removed_at_once(fields: dict, why: str) -> None:
+    spec = _spec(**fields)
+    f = _fates(spec, [_node(H100, zone="z1"), _node(A100, gpus=16, zone="z9")], [H100])[H100]
+    assert (f.action, f.reason) == ("remove", "ExcludedBySpec") and why in f.message
+
+
+def test_fitting_pools_have_no_fate() -> None:
+    assert _fates(_spec(), [_node(H100)], [H100]) == {}

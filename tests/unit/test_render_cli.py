@@ -165,7 +165,7 @@ def test_render_with_a_settings_file(tmp_path: Path, capsys: pytest.CaptureFixtu
         ),
         (
             "kind: MTPInference\nmetadata: {name: x}\nspec: {model: m, extraArgs: [-sc.method]}\n",
-            "spec.extraArgs: -sc.method (-sc) is set by the operator",
+            "spec.extraArgs[0]: -sc.method (-sc) is set by the operator",
         ),
     ],
 )

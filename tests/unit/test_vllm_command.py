@@ -73,9 +73,9 @@ def test_optional_flags_env_and_extra_args() -> None:
         (ServeSettings(model="m", num_speculative_tokens=1, model_source="s3"),
          "modelSource", "huggingface"),
         (ServeSettings(model="m", num_speculative_tokens=1, extra_args=("--port=9",)),
-         "extraArgs", "--port"),
+         "extraArgs[0]", "--port"),
         (ServeSettings(model="m", num_speculative_tokens=1,
-                       extra_args=("-sc.num_speculative_tokens", "3")), "extraArgs", "-sc"),
+                       extra_args=("-sc.num_speculative_tokens", "3")), "extraArgs[0]", "-sc"),
     ],
 )
 def test_problems(settings: ServeSettings, field: str, text: str) -> None:

@@ -12,19 +12,28 @@ from typing import Any
 import yaml
 
 from mtp_operator.api import v1alpha1 as api
+from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS, RESERVED_FLAGS, reserved_pattern
+
+
+def _cel_string(text: str) -> str:
+    """`text` as the inside of a single-quoted CEL string literal."""
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
 
 # int | "auto" and int | "32k": Kubernetes' int-or-string, with CEL for the string half.
 _INT_OR_STRING_RULES = {
     "numSpeculativeTokens": [
         {
-            "rule": "type(self) == string ? self == 'auto' : self >= 0",
-            "message": "must be `auto` or an integer >= 0 (0 turns speculation off)",
+            "rule": "type(self) == string ? self == 'auto' : "
+            f"self >= 0 && self <= {MAX_SPECULATIVE_TOKENS}",
+            "message": f"must be `auto` or an integer 0-{MAX_SPECULATIVE_TOKENS} (0 turns "
+            "speculation off)",
         }
     ],
     "maxModelLen": [
         {
             "rule": "type(self) == string ? self.matches('^(auto|-1|[0-9]+[kKmMgG]?)$') : "
-            "self > 0 || self == -1",
+            "(self > 0 && self <= 2147483647) || self == -1",
             "message": "must be a positive integer, `auto`, or a size such as `32k`",
         }
     ],
@@ -33,18 +42,19 @@ _INT_OR_STRING_RULES = {
 _SPEC_RULES: dict[str, list[dict[str, str]]] = {
     "profiles": [
         {
-            "rule": "self.all(k, self[k] >= 0)",
-            "message": "every profile K must be an integer >= 0",
+            "rule": f"self.all(k, self[k] >= 0 && self[k] <= {MAX_SPECULATIVE_TOKENS})",
+            "message": f"every profile K must be an integer 0-{MAX_SPECULATIVE_TOKENS}",
         }
     ],
     "extraArgs": [
         {
-            "rule": "self.all(a, !(a.split('=')[0] in ['--port', '--tensor-parallel-size', "
-            "'-tp', '--max-model-len', '--reasoning-parser', '--served-model-name', "
-            "'--speculative-config', '-sc', '--spec-method', '--spec-tokens']))",
-            "message": "must not set flags the operator derives from the spec (--port, "
-            "--tensor-parallel-size, --max-model-len, --reasoning-parser, --served-model-name, "
-            "--speculative-config); use the spec fields instead",
+            # generated from the runtime's own list and matcher, so the API server refuses
+            # exactly what the operator refuses (tests/unit/test_crd.py checks they agree)
+            "rule": f"self.all(a, !a.matches('{_cel_string(reserved_pattern())}'))",
+            "message": "must not set flags the operator derives from the spec or that would "
+            "break the pool, in any spelling (underscores, abbreviations, =value, dotted keys, "
+            "several flags in one entry): " + ", ".join(sorted(RESERVED_FLAGS))
+            + "; use the spec fields instead",
         }
     ],
 }

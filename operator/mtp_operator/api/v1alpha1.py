@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
+
 GROUP = "mtp-operator.io"
 VERSION = "v1alpha1"
 KIND = "MTPInference"
@@ -28,6 +30,9 @@ SHORT_NAMES = ["mtpi"]
 DEFAULT_MIN_HIT_RATE = 0.88
 DEFAULT_MAX_ERROR_PROPAGATION_RATE = 0.40
 MAX_ROLLBACK_HISTORY = 20
+INT32_MAX = 2**31 - 1  # Kubernetes' int32 fields (a Deployment's replicas)
+MAX_DURATION_SECONDS = 30 * 24 * 3600  # rollback timings: 30 days at most
+MAX_MTP_LAYERS = 64
 
 
 class _Model(BaseModel):
@@ -48,20 +53,24 @@ class SpeculativeSpec(_Model):
     num_speculative_tokens: int | Literal["auto"] = Field(
         "auto",
         description="K: `auto` (per GPU product, from the profile table) or an integer "
-        "applied to every pool; 0 turns speculation off.",
+        f"0-{MAX_SPECULATIVE_TOKENS} applied to every pool; 0 turns speculation off.",
     )
-    profiles: dict[str, int] | None = Field(
+    profiles: dict[str, Annotated[int, Field(le=MAX_SPECULATIVE_TOKENS)]] | None = Field(
         None,
         max_length=64,
         description="Per-GPU K overrides for `auto`, keyed by a `nvidia.com/gpu.product` value "
         "or a family such as `H100`.",
     )
     max_speculative_tokens: int | None = Field(
-        None, ge=0, description="Upper bound on any pool's K (profile values are capped to it)."
+        None,
+        ge=0,
+        le=MAX_SPECULATIVE_TOKENS,
+        description="Upper bound on any pool's K (profile values are capped to it).",
     )
     mtp_layers: int | None = Field(
         None,
         ge=1,
+        le=MAX_MTP_LAYERS,
         description="The model's MTP depth (n_predict). vLLM rejects K above it unless K is a "
         "multiple of it; profile values are lowered to fit.",
     )
@@ -83,6 +92,7 @@ class RollbackSpec(_Model):
     cooldown_seconds: int = Field(
         600,
         ge=0,
+        le=MAX_DURATION_SECONDS,
         description="After a rollback, further alerts for the pool are ignored this long. Keep "
         "it at least the alert's window plus its `for` (5m + 5m for the shipped rules): until "
         "then the alert still sees data from before the rollback.",
@@ -90,19 +100,25 @@ class RollbackSpec(_Model):
     stabilization_seconds: int = Field(
         600,
         ge=0,
+        le=MAX_DURATION_SECONDS,
         description="Settings that run this long without an alert become the pool's known-good.",
     )
     window_seconds: int = Field(
-        300, ge=1, description="Built-in evaluator: the window the figures are computed over."
+        300,
+        ge=1,
+        le=MAX_DURATION_SECONDS,
+        description="Built-in evaluator: the window the figures are computed over.",
     )
     for_seconds: int = Field(
         300,
         ge=0,
+        le=MAX_DURATION_SECONDS,
         description="Built-in evaluator: how long a threshold must stay crossed before acting.",
     )
     min_drafts: int = Field(
         50,
         ge=1,
+        le=INT32_MAX,
         description="Built-in evaluator: fewer drafts than this in the window counts as no data.",
     )
 
@@ -143,7 +159,7 @@ class MTPInferenceSpec(_Model):
     image: str | None = Field(
         None, description="Runtime image; default from the operator's settings."
     )
-    replicas: int = Field(1, ge=0, description="Replicas per GPU pool.")
+    replicas: int = Field(1, ge=0, le=INT32_MAX, description="Replicas per GPU pool.")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs per replica.")
     max_model_len: int | str | None = Field(
         None, description="Context length: an integer, or vLLM's forms such as `32k`/`auto`."
@@ -207,6 +223,15 @@ class PoolStatus(_Model):
     )
     settings_since: str | None = Field(None, description="When the running K was applied.")
     last_alert_time: str | None = None
+    retained: str | None = Field(
+        None,
+        description="Why this pool is kept as it runs although no node fits it now: "
+        "`NoSchedulableNode` (cordoned, NotReady, drained) or `ProductGone` (no node carries "
+        "the product; removed after the operator's poolRemovalGraceSeconds).",
+    )
+    product_gone_since: str | None = Field(
+        None, description="When no node carried this pool's GPU product any more."
+    )
 
 
 class RollbackRecord(_Model):
