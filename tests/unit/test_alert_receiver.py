@@ -287,8 +287,23 @@ def test_value_from_label_and_no_data() -> None:
     d = alert(value=None, fingerprint="d")
     parsed = parse_webhook(json.dumps(payload(a, b, c, d)).encode())
     values = [s.value for s in parsed.signals]
-    assert values[0] == 0.61 and math.isnan(values[1]) and values[2:] == [None, None]
-    assert [s.has_value for s in parsed.signals] == [True, False, False, False]
+    assert values == [0.61, None, None]  # NaN is no figure at all: ignored (below)
+    assert [s.has_value for s in parsed.signals] == [True, False, False]
+    assert parsed.ignored["impossible_value"] == 1
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.01", "NaN", "Inf", "-Inf", "1e309"])
+def test_impossible_values_are_ignored_and_counted(value: str) -> None:
+    firing = alert(value=value, fingerprint="f")
+    resolved = alert(value=value, fingerprint="r")
+    resolved["status"] = "resolved"
+    parsed = parse_webhook(json.dumps(payload(firing, resolved)).encode())
+    assert [s.status for s in parsed.signals] == ["resolved"]  # a resolve is still a resolve
+    assert parsed.ignored == {"impossible_value": 1}
+    # the boundaries themselves are valid ratios
+    edge = parse_webhook(json.dumps(payload(alert(value="0"), alert(value="1.0",
+                                                                     fingerprint="o"))).encode())
+    assert [s.value for s in edge.signals] == [0.0, 1.0] and not edge.ignored
 
 
 def test_parse_webhook_errors_are_payload_errors() -> None:

@@ -171,6 +171,23 @@ def test_no_data_never_rolls_back(value: float | None) -> None:
     assert not d.changed and "no data" in d.reason and d.state == state
 
 
+@pytest.mark.parametrize("value", [1.5, -0.2, float("inf"), float("-inf")])
+@pytest.mark.parametrize("which", [HIT_RATE_LOW, ERROR_PROPAGATION_HIGH])
+def test_impossible_values_never_roll_back(value: float, which: str) -> None:
+    state = pool(6)
+    d = decide(state, firing(which, value), SPEC, at(1))
+    assert not d.changed and d.state == state
+    assert "outside [0, 1]" in d.reason or "no data" in d.reason
+
+
+def test_the_reason_never_rounds_a_value_onto_its_threshold() -> None:
+    d = decide(pool(6), firing(value=0.879996), SPEC, at(1))
+    assert d.changed and d.record is not None
+    assert "0.879996 < 0.88" in d.reason and "0.88 < 0.88" not in d.reason
+    d = decide(pool(6), firing(value=0.61), SPEC, at(1))
+    assert "0.61 < 0.88" in d.reason
+
+
 def test_resource_thresholds_decide() -> None:
     loose = RollbackSpec(min_hit_rate=0.6, max_error_propagation_rate=0.6)
     d = decide(pool(6), firing(value=0.7), loose, at(1))

@@ -3,7 +3,9 @@
 An alert names its pool with the labels `namespace`, `mtpinference`, `gpu_product` and its
 kind with `alertname`. Its value is the annotation `value` (the shipped rules set it to
 `{{ $value }}`), else a label `value`; the threshold likewise (`threshold`). A value that is
-missing or not a number is "no data", which the policy never acts on.
+missing or not a number is "no data", which the policy never acts on; a firing alert whose
+value is NaN, infinite or outside [0, 1] (no hit rate or error-propagation rate can be) is
+ignored and counted (`impossible_value`).
 
 Only MTPHitRateLow and MTPErrorPropagationHigh become signals; every other alert, and one of
 ours without the target labels, is accepted and ignored (counted by reason), so Alertmanager
@@ -107,12 +109,17 @@ def parse_webhook(body: bytes) -> ParsedWebhook:
         if not all(target):
             out.ignored["missing_labels"] += 1
             continue
+        value = _number(alert, "value")
+        if alert.status == "firing" and value is not None and not 0.0 <= value <= 1.0:
+            # NaN, ±Inf or a ratio outside [0, 1]: no figure the rules can produce
+            out.ignored["impossible_value"] += 1
+            continue
         out.signals.append(
             AlertSignal(
                 alert=name,
                 status=alert.status,
                 target=PoolRef(*target),
-                value=_number(alert, "value"),
+                value=value,
                 threshold=_number(alert, "threshold"),
                 via="alertmanager",
                 starts_at=_time(alert.startsAt),

@@ -138,6 +138,16 @@ def _no_change(state: PoolRollbackState, reason: str) -> Decision:
     return Decision(None, reason, state)
 
 
+def shown(value: float, threshold: float) -> str:
+    """`value` with 4 significant digits, or as many more as it takes not to look equal to
+    the threshold (0.87999 against 0.88 reads `0.87999`, never `0.88 < 0.88`)."""
+    for digits in range(4, 18):
+        text = f"{value:.{digits}g}"
+        if value == threshold or text != f"{threshold:g}":
+            return text
+    return repr(value)
+
+
 def _later(a: datetime | None, b: datetime) -> datetime:
     return b if a is None or b > a else a
 
@@ -167,9 +177,13 @@ def decide(
         return _no_change(state, f"{alert} carries no value (no data): never rolled back")
     value = float(signal.value)  # type: ignore[arg-type]
     threshold = resource_threshold(alert, spec)
+    if not 0.0 <= value <= 1.0:
+        return _no_change(state, f"{alert} value {value!r} is outside [0, 1]: impossible, ignored")
     if not crosses(alert, value, spec):
         return _no_change(
-            state, f"{alert} value {value:.4g} is within this resource's threshold {threshold:g}"
+            state,
+            f"{alert} value {shown(value, threshold)} is within this resource's threshold "
+            f"{threshold:g}",
         )
 
     state = replace(state, last_alert_time=_later(state.last_alert_time, now))
@@ -190,7 +204,7 @@ def decide(
         to_k = next_lower_k(k, state.mtp_layers)
         how = f"stepped K down {k}->{to_k}" + (" (speculation off)" if to_k == 0 else "")
     cmp = "<" if alert == HIT_RATE_LOW else ">"
-    reason = f"{alert} {value:.4g} {cmp} {threshold:g}: {how}"
+    reason = f"{alert} {shown(value, threshold)} {cmp} {threshold:g}: {how}"
     new_state = replace(
         state,
         current_k=to_k,
