@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import kopf
 from aiohttp import web
-from lightkube import AsyncClient
+from lightkube import AsyncClient, ConfigError, KubeConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mtp_operator import handlers
@@ -25,6 +27,7 @@ from mtp_operator.metrics import REGISTRY
 from mtp_operator.reconciler import Reconciler
 from mtp_operator.rollback.actions import RollbackActions
 from mtp_operator.settings import OperatorSettings
+from mtp_operator.supervision import Health, run_with_crd, supervise
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,44 @@ class RunOptions:
     lease_name: str = "mtp-operator"
 
 
-async def _serve_metrics(address: str, ready: asyncio.Event) -> web.AppRunner:
+class StartupError(RuntimeError):
+    """The operator cannot start as configured; the message is one line saying why."""
+
+
+def preflight(opts: RunOptions) -> None:
+    """Check what `run` needs before anything starts, so that a mistake is one clear line."""
+    for flag, address in (
+        ("--metrics-address", opts.metrics_address),
+        ("--alerts-address", opts.alerts_address),
+    ):
+        if address:
+            try:
+                parse_address(address)
+            except ValueError as err:
+                raise StartupError(f"{flag}: {err}") from None
+    for flag, path in (
+        ("--alerts-token-file", opts.alerts_token_file),
+        ("--alerts-tls-cert", opts.alerts_tls_cert),
+        ("--alerts-tls-key", opts.alerts_tls_key),
+    ):
+        if path is not None and not Path(path).is_file():
+            raise StartupError(f"{flag}: {path}: no such file")
+    if bool(opts.alerts_tls_cert) != bool(opts.alerts_tls_key):
+        raise StartupError("--alerts-tls-cert and --alerts-tls-key go together")
+    try:
+        KubeConfig.from_env()
+    except ConfigError as err:
+        raise StartupError(f"no Kubernetes configuration: {err} (set KUBECONFIG)") from None
+
+
+async def _bind(what: str, address: str, start: Awaitable[web.AppRunner]) -> web.AppRunner:
+    try:
+        return await start
+    except OSError as err:
+        raise StartupError(f"{what} {address}: {err.strerror or err}") from None
+
+
+async def _serve_metrics(address: str, health: Health) -> web.AppRunner:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(
             body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
@@ -56,11 +96,11 @@ async def _serve_metrics(address: str, ready: asyncio.Event) -> web.AppRunner:
         return web.Response(text="ok")
 
     async def readyz(_: web.Request) -> web.Response:
-        # readiness: this replica acts (holds the lease, handlers running), so the webhook
-        # Service sends alerts only to the leader
+        # readiness: this replica acts (holds the lease, the CRD is served, the cluster is
+        # indexed, every background task runs), so the webhook Service sends alerts only to it
+        problems = health.problems()
         return web.Response(
-            text="ready" if ready.is_set() else "not leading",
-            status=200 if ready.is_set() else 503,
+            text="; ".join(problems) if problems else "ready", status=503 if problems else 200
         )
 
     app = web.Application()
@@ -70,7 +110,11 @@ async def _serve_metrics(address: str, ready: asyncio.Event) -> web.AppRunner:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = parse_address(address)
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError:
+        await runner.cleanup()
+        raise
     return runner
 
 
@@ -92,49 +136,66 @@ async def run(opts: RunOptions) -> int:
     def _configure(settings: kopf.OperatorSettings, **_: object) -> None:
         handlers.configure(settings)
 
-    ready = asyncio.Event()
+    health = Health(lambda: view.ready)
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task] = []
+
+    def run_kopf(stop: asyncio.Event) -> Awaitable[None]:
+        return kopf.operator(
+            registry=registry,
+            standalone=True,  # leader election above decides who acts, not kopf peering
+            clusterwide=not opts.namespaces,
+            namespaces=opts.namespaces,
+            stop_flag=stop,
+        )
+
+    def paused() -> None:
+        view.reset()
+        reconciler.reset()
+
+    def crd_served() -> Awaitable[bool]:
+        return kube.crd_served(opts.namespaces[0] if opts.namespaces else None)
+
     try:
         if opts.metrics_address:
-            runners.append(await _serve_metrics(opts.metrics_address, ready))
+            address = opts.metrics_address
+            runners.append(await _bind("metrics", address, _serve_metrics(address, health)))
         if opts.leader_election:
             elector = LeaderElector(client, opts.lease_namespace, opts.lease_name)
             await elector.acquire()
+        health.leading = True
         if opts.alerts_address:
-            runners.append(
-                await actions.serve_alerts(
-                    opts.alerts_address,
-                    opts.alerts_token_file,
-                    opts.alerts_tls_cert,
-                    opts.alerts_tls_key,
-                )
+            serving = actions.serve_alerts(
+                opts.alerts_address,
+                opts.alerts_token_file,
+                opts.alerts_tls_cert,
+                opts.alerts_tls_key,
             )
+            runners.append(await _bind("alerts", opts.alerts_address, serving))
         evaluator_on = opts.settings.evaluator.enabled if opts.evaluator is None else opts.evaluator
         if evaluator_on:
             interval = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
-            tasks.append(asyncio.create_task(actions.run_evaluator(interval)))
-        tasks.append(
-            asyncio.create_task(handlers.resync_loop(reconciler, view, handlers.RESYNC_SECONDS))
+            run_evaluator = functools.partial(actions.run_evaluator, interval)
+            tasks.append(asyncio.create_task(supervise("evaluator", run_evaluator, health)))
+        resync = functools.partial(
+            handlers.resync_loop, reconciler, view, handlers.RESYNC_SECONDS
         )
-        operator = asyncio.create_task(
-            kopf.operator(
-                registry=registry,
-                standalone=True,  # leader election above decides who acts, not kopf peering
-                clusterwide=not opts.namespaces,
-                namespaces=opts.namespaces,
-            )
-        )
+        tasks.append(asyncio.create_task(supervise("resync", resync, health)))
+        operator = asyncio.create_task(run_with_crd(crd_served, run_kopf, paused, health))
         tasks.append(operator)
-        ready.set()
         if opts.leader_election:
             keeper = asyncio.create_task(elector.keep())
             done, _ = await asyncio.wait({operator, keeper}, return_when=asyncio.FIRST_COMPLETED)
             if keeper in done:
                 log.error("lost leadership; exiting so that only one replica acts")
                 return 1
-        await operator
-        return 0
+        try:
+            await operator
+        except Exception as err:  # kopf itself failed: exit non-zero, say why
+            log.error("the operator's watches failed: %s: %s", type(err).__name__, err)
+            return 1
+        log.error("the operator's watches stopped; exiting")
+        return 1
     finally:
         for task in tasks:
             task.cancel()

@@ -39,8 +39,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="run the built-in evaluator (default: the settings file decides)",
     )
-    ev.add_argument("--no-evaluator", dest="evaluator", action="store_false")
-    run.add_argument("--evaluator-interval", type=float, help="seconds between evaluations")
+    ev.add_argument(
+        "--no-evaluator", dest="evaluator", action="store_false", help="no built-in evaluator"
+    )
+    run.add_argument(
+        "--evaluator-interval",
+        type=float,
+        help="seconds between evaluations (default: the settings file's, 15)",
+    )
     run.add_argument(
         "--metrics-address",
         default="0.0.0.0:8080",
@@ -54,10 +60,19 @@ def _parser() -> argparse.ArgumentParser:
         default=False,
         help="act only while holding a Lease (safe with 2 replicas)",
     )
-    le.add_argument("--no-leader-election", dest="leader_election", action="store_false")
-    run.add_argument("--lease-namespace", default="default")
-    run.add_argument("--lease-name", default="mtp-operator")
-    run.add_argument("--log-level", default="INFO")
+    le.add_argument(
+        "--no-leader-election",
+        dest="leader_election",
+        action="store_false",
+        help="act without a Lease (the default; one replica only)",
+    )
+    run.add_argument(
+        "--lease-namespace", default="default", help="namespace of the leader-election Lease"
+    )
+    run.add_argument("--lease-name", default="mtp-operator", help="name of that Lease")
+    run.add_argument(
+        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)"
+    )
 
     render = sub.add_parser("render", help="print the objects the operator would create")
     render.add_argument(
@@ -91,9 +106,19 @@ def main(argv: list[str] | None = None) -> int:
         from mtp_operator.render import RenderError, render_documents
 
         try:
-            text = sys.stdin.read() if str(args.filename) == "-" else args.filename.read_text()
+            raw = sys.stdin.buffer.read() if str(args.filename) == "-" else (
+                args.filename.read_bytes()
+            )
+            text = raw.decode("utf-8")
         except OSError as err:
             print(f"error: {args.filename}: {err.strerror or err}", file=sys.stderr)
+            return 2
+        except UnicodeDecodeError as err:
+            print(
+                f"error: {args.filename}: not UTF-8 text (byte 0x{raw[err.start]:02x} at "
+                f"offset {err.start})",
+                file=sys.stderr,
+            )
             return 2
         try:
             sys.stdout.write(render_documents(text, args.gpu_product or None, settings))
@@ -102,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
 
-    from mtp_operator.app import RunOptions, run
+    from mtp_operator.app import RunOptions, StartupError, preflight, run
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -124,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         lease_name=args.lease_name,
     )
     try:
+        preflight(opts)
         return asyncio.run(run(opts))
+    except StartupError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

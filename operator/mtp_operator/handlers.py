@@ -53,7 +53,13 @@ class KopfView:
 
     @property
     def ready(self) -> bool:
+        """True once kopf has called a handler: kopf holds every handler back until every
+        watched kind is fully listed and indexed, so this is "the first full index is done"."""
         return self.resources is not None
+
+    def reset(self) -> None:
+        """Forget the bound indexes (kopf restarts with new ones after a CRD re-install)."""
+        self.__init__()  # type: ignore[misc]
 
     def bind(self, kwargs: Mapping[str, Any]) -> None:
         if self.resources is None:

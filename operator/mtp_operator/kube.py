@@ -50,6 +50,20 @@ class Kube:
         out = await self.client.apply(res, field_manager=FIELD_MANAGER, force=True)
         return _to_dict(out)
 
+    async def crd_served(self, namespace: str | None = None) -> bool:
+        """Whether the API server serves MTPInference (the CRD is installed): one list of at
+        most one object, in `namespace` or cluster-wide; a 404 means it is not."""
+        try:
+            async for _ in self.client.list(
+                MTPInferenceResource, namespace=namespace or "*", chunk_size=1
+            ):
+                break
+        except ApiError as err:
+            if err.status.code == 404:
+                return False
+            raise
+        return True
+
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
             await self.client.delete(Deployment, name, namespace=namespace)

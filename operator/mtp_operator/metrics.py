@@ -36,6 +36,15 @@ class OperatorMetrics:
             registry=REGISTRY,
         )
     )
+    task_failures: Counter = field(
+        default_factory=lambda: Counter(
+            "mtp_operator_task_failures_total",
+            "Background tasks (evaluator, resync, kopf) that crashed or stopped and were "
+            "restarted.",
+            ["task"],
+            registry=REGISTRY,
+        )
+    )
     signal_to_patch: Histogram = field(
         default_factory=lambda: Histogram(
             "mtp_operator_rollback_seconds",

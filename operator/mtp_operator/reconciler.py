@@ -140,6 +140,12 @@ class Reconciler:
         if slot is not None and slot.later is not None:
             slot.later.cancel()
 
+    def reset(self) -> None:
+        """Forget every resource's state (their CRD was deleted; kopf starts afresh)."""
+        for key in list(self._slots):
+            self.forget(key)
+        self._gpu_fingerprint = frozenset()
+
     def reconcile_later(self, key: Key, delay: float) -> None:
         """One more pass of `key` in `delay` seconds (one timer per resource; the earliest)."""
         slot = self.slot(key)

@@ -72,14 +72,24 @@ def render_documents(
         docs = list(_docs(yaml.safe_load_all(text)))
     except yaml.YAMLError as err:
         raise RenderError(f"not valid YAML: {err}") from err
+    if not docs:
+        raise RenderError("no MTPInference in the file (it is empty)")
     for doc in docs:
         objs += render_resource(doc, products, settings)
     return yaml.safe_dump_all(objs, sort_keys=False, width=120)
 
 
 def _docs(items: Iterable[Any]) -> Iterable[dict[str, Any]]:
-    for item in items:
+    for n, item in enumerate(items, 1):
+        if item is None:
+            continue  # an empty document between `---` lines
         if isinstance(item, dict) and item.get("kind") == "List":
-            yield from item.get("items") or []
+            for sub in item.get("items") or []:
+                if not isinstance(sub, dict):
+                    raise RenderError(f"document {n}: List items must be objects")
+                yield sub
         elif isinstance(item, dict):
             yield item
+        else:
+            what = "a list" if isinstance(item, list) else f"a {type(item).__name__}"
+            raise RenderError(f"document {n} is {what}, not an MTPInference object")
