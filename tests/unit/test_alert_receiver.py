@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
