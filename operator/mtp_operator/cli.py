@@ -106,9 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         from mtp_operator.render import RenderError, render_documents
 
         try:
-            raw = sys.stdin.buffer.read() if str(args.filename) == "-" else (
-                args.filename.read_bytes()
-            )
+            if str(args.filename) != "-":
+                raw = args.filename.read_bytes()
+            elif hasattr(sys.stdin, "buffer"):
+                raw = sys.stdin.buffer.read()
+            else:  # a text stream (tests, embedding)
+                raw = sys.stdin.read().encode("utf-8", "surrogateescape")
             text = raw.decode("utf-8")
         except OSError as err:
             print(f"error: {args.filename}: {err.strerror or err}", file=sys.stderr)
