@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -494,3 +495,40 @@ async def test_serve_alerts_without_token_or_tls(handler: Handler) -> None:
     # counted in the operator's own registry, which its /metrics serves
     after = REGISTRY.get_sample_value("mtp_operator_alert_requests_total", {"code": "200"})
     assert after == before + 1
+
+
+# ---- hostile bodies -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 200_000,
+        b'{"alerts": ' + b"[" * 100_000,
+        b'{"alerts": [' + b'{"a":' * 50_000 + b"1" + b"}" * 50_000 + b"]}",
+        json.dumps({"alerts": [[]] * 200_000}).encode(),
+        json.dumps({"alerts": [{"status": "firing", "labels": {"x": [1] * 100_000}}]}).encode(),
+    ],
+    ids=["deep-array", "deep-unclosed", "deep-objects", "huge-array", "huge-inner-array"],
+)
+async def test_hostile_json_is_a_400_never_a_500(
+    client: TestClient, handler: Handler, body: bytes
+) -> None:
+    resp = await client.post("/alerts", data=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert resp.status == 400, await resp.text()
+    assert "not an Alertmanager webhook payload" in (await resp.json())["error"] or \
+        "malformed JSON" in (await resp.json())["error"]
+    assert handler.batches == []
+
+
+async def test_one_log_line_per_request_however_many_alerts(
+    handler: Handler, metrics: AlertMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mtp_operator")
+    alerts = [alert(fingerprint=f"f{i}", mtpinference=f"gone-{i}") for i in range(5000)]
+    async with TestClient(TestServer(make_app(TOKEN, handler, metrics=metrics))) as client:
+        status, reply = await post(client, payload(*alerts))
+    assert status == 200 and reply["ignored"] == {"unknown_target": 5000}
+    lines = [r for r in caplog.records if r.name.startswith("mtp_operator")]
+    assert len(lines) == 1, len(lines)
+    assert "5000 received" in lines[0].getMessage() and "+4995 more" in lines[0].getMessage()

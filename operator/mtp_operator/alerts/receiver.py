@@ -67,6 +67,28 @@ def _describe(ref: PoolRef | str) -> str:
     return str(ref)
 
 
+MAX_NAMES_LOGGED = 5
+
+
+def _log_request(received: int, signals: int, result: ReceiveResult, ignored: dict) -> None:
+    """One line per request, however many alerts it carries (a 5,000-alert body is one line)."""
+    if not received:
+        return
+    unknown = sorted({_describe(ref) for ref in result.unknown})
+    shown = ", ".join(unknown[:MAX_NAMES_LOGGED])
+    if len(unknown) > MAX_NAMES_LOGGED:
+        shown += f" (+{len(unknown) - MAX_NAMES_LOGGED} more)"
+    log.info(
+        "alerts: %d received, %d signals, %d changed, %d unchanged, ignored %s%s",
+        received,
+        signals,
+        result.changed,
+        result.unchanged,
+        dict(sorted(ignored.items())) or "none",
+        f"; unknown pools: {shown}" if unknown else "",
+    )
+
+
 class _RecentKeys:
     """Keys seen within the last `ttl` seconds (bounded; oldest dropped first)."""
 
@@ -165,8 +187,7 @@ def make_app(
                 return reply(500, "handler_error", error="rollback handler failed; retry")
         if result.unknown:
             ignored["unknown_target"] = len(result.unknown)
-            for name in sorted({_describe(ref) for ref in result.unknown}):
-                log.info("alert for unknown pool %s ignored", name)
+        _log_request(parsed.received, len(fresh), result, ignored)
         for reason, n in ignored.items():
             m.ignored.labels(reason).inc(n)
         m.handled.labels("changed").inc(result.changed)

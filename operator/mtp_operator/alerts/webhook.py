@@ -90,6 +90,8 @@ def parse_webhook(body: bytes) -> ParsedWebhook:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PayloadError(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise PayloadError("malformed JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise PayloadError("not an Alertmanager webhook payload: expected a JSON object")
     try:

@@ -116,7 +116,7 @@ class RollbackActions:
                 touched |= pool != before
                 if decision.record is None:
                     outcome.unchanged += 1
-                    log.info(
+                    log.debug(  # per signal: the receiver logs one line per request
                         "%s/%s %s: %s", key[0], key[1], sig.target.gpu_product, decision.reason
                     )
                     continue
