@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mtp_operator.api.v1alpha1 import RollbackSpec
-from mtp_operator.rollback.evaluator_logic import PoolEvaluator, pool_snapshot
+from mtp_operator.rollback.evaluation import PoolEvaluator, pool_snapshot
 from mtp_operator.rollback.policy import PoolRollbackState, decide
 from mtp_operator.rollback.signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, PoolRef
 from mtp_runtime.metrics import SpecCounters, accepted_prefix_counts
