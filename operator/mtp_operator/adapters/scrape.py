@@ -8,7 +8,8 @@ from typing import Any
 
 import aiohttp
 
-from mtp_runtime.metrics import ParseError, spec_snapshot
+from mtp_runtime.exposition import ParseError
+from mtp_runtime.spec_decode import spec_snapshot
 from mtp_runtime.vllm_command import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
