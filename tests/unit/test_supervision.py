@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from mtp_operator.metrics import OPERATOR_METRICS
-from mtp_operator.supervision import Health, run_with_crd, supervise
+from mtp_operator.adapters.telemetry import OPERATOR_METRICS
+from mtp_operator.control.supervision import Health, run_with_crd, supervise
 
 
 def _failures(task: str) -> float:
@@ -30,7 +30,7 @@ def test_ready_only_when_leading_crd_served_indexed_and_nothing_down() -> None:
 
 
 async def test_a_crashing_task_is_logged_counted_restarted_and_shown(caplog) -> None:
-    caplog.set_level(logging.ERROR, logger="mtp_operator.supervision")
+    caplog.set_level(logging.ERROR, logger="mtp_operator.control.supervision")
     h = Health(lambda: True)
     runs = []
     release = asyncio.Event()
@@ -68,7 +68,7 @@ async def test_a_crashing_task_is_logged_counted_restarted_and_shown(caplog) -> 
 
 
 async def test_kopf_runs_only_while_the_crd_is_served(caplog) -> None:
-    caplog.set_level(logging.INFO, logger="mtp_operator.supervision")
+    caplog.set_level(logging.INFO, logger="mtp_operator.control.supervision")
     h = Health(lambda: True)
     served = [False] * 5 + [True] * 3 + [False] * 5 + [True] * 100
     answers = iter(served)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mtp_operator.metrics import OPERATOR_METRICS
+from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 
 log = logging.getLogger(__name__)
 

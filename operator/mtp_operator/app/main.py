@@ -19,15 +19,17 @@ from aiohttp import web
 from lightkube import AsyncClient, ConfigError, KubeConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from mtp_operator import handlers
-from mtp_operator.alerts.receiver import parse_address
-from mtp_operator.kube import Kube
-from mtp_operator.leader import LeaderElector
-from mtp_operator.metrics import REGISTRY
-from mtp_operator.reconciler import Reconciler
-from mtp_operator.rollback.actions import RollbackActions
+from mtp_operator.adapters.kube import Kube
+from mtp_operator.adapters.telemetry import REGISTRY
+from mtp_operator.addresses import parse_address
+from mtp_operator.app import handlers
+from mtp_operator.control.alert_server import serve_alerts
+from mtp_operator.control.evaluator import run_evaluator
+from mtp_operator.control.leader import LeaderElector
+from mtp_operator.control.reconciler import Reconciler
+from mtp_operator.control.rollback import RollbackActions
+from mtp_operator.control.supervision import Health, run_with_crd, supervise
 from mtp_operator.settings import OperatorSettings
-from mtp_operator.supervision import Health, run_with_crd, supervise
 
 log = logging.getLogger(__name__)
 
@@ -165,18 +167,19 @@ async def run(opts: RunOptions) -> int:
             await elector.acquire()
         health.leading = True
         if opts.alerts_address:
-            serving = actions.serve_alerts(
+            serving = serve_alerts(
                 opts.alerts_address,
                 opts.alerts_token_file,
                 opts.alerts_tls_cert,
                 opts.alerts_tls_key,
+                actions.apply_signals,
             )
             runners.append(await _bind("alerts", opts.alerts_address, serving))
         evaluator_on = opts.settings.evaluator.enabled if opts.evaluator is None else opts.evaluator
         if evaluator_on:
             interval = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
-            run_evaluator = functools.partial(actions.run_evaluator, interval)
-            tasks.append(asyncio.create_task(supervise("evaluator", run_evaluator, health)))
+            evaluate = functools.partial(run_evaluator, actions, interval)
+            tasks.append(asyncio.create_task(supervise("evaluator", evaluate, health)))
         resync = functools.partial(
             handlers.resync_loop, reconciler, view, handlers.RESYNC_SECONDS
         )
