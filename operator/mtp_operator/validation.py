@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.planning import validate_spec
+from mtp_operator.pod_parts import pod_part_problems
 
 Problem = tuple[str, str]
 
@@ -23,10 +24,14 @@ _UNION_BRANCHES = frozenset({"int", "str", "float", "bool"})
 def _field(loc: tuple[Any, ...]) -> str:
     # pydantic reports union branches as extra path parts ("int", "str", "literal['auto']");
     # user keys such as a nodeSelector key `strategy` are path parts too and must stay
-    parts = [
-        str(p) for p in loc if str(p) not in _UNION_BRANCHES and not str(p).startswith("literal[")
-    ]
-    return ".".join(parts) or "spec"
+    # list indexes are written as Kubernetes writes them: env[2].name
+    out = ""
+    for p in loc:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif str(p) not in _UNION_BRANCHES and not str(p).startswith("literal["):
+            out += f".{p}" if out else str(p)
+    return out or "spec"
 
 
 def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None, list[Problem]]:
@@ -38,7 +43,8 @@ def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None,
     except ValidationError as err:
         found = {(_field(e["loc"]), e["msg"]) for e in err.errors()}
         return None, sorted(found)
-    return spec, validate_spec(spec)
+    parts = pod_part_problems(spec.env, spec.resources, spec.tolerations)
+    return spec, parts + [p for p in validate_spec(spec) if p not in parts]
 
 
 def problems_text(found: list[Problem]) -> str:

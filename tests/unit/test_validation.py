@@ -34,7 +34,7 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
     ("modelSource enum", _with(modelSource="s3"), "modelSource", "'huggingface' or 'modelscope'"),
     ("maxModelLen a list", _with(maxModelLen=[1]), "maxModelLen", "valid"),
     ("gpuProducts a string", _with(gpuProducts="H100"), "gpuProducts", "valid list"),
-    ("gpuProducts empty item", _with(gpuProducts=[""]), "gpuProducts.0", "at least 1 character"),
+    ("gpuProducts empty item", _with(gpuProducts=[""]), "gpuProducts[0]", "at least 1 character"),
     ("nodeSelector value", _with(nodeSelector={"strategy": 1}), "nodeSelector.strategy",
      "valid string"),
     ("env not a list", _with(env="HF_TOKEN=x"), "env", "valid list"),
@@ -168,3 +168,70 @@ def test_problems_text() -> None:
         "model: Field required; replicas: too low"
     )
     assert problems_text([]) == ""
+
+
+# ---- pod parts: the user's own field path, never a failed apply --------------------------
+
+POD_PARTS = [
+    ("env without a name", _with(env=[{"name": "A", "value": "1"}, {"value": "x"}]),
+     "env[1].name", "needs a name"),
+    ("env duplicate", _with(env=[{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
+     "env[1].name", "duplicate name A (also env[0])"),
+    ("env the operator sets", _with(env=[{"name": "MTP_RUNTIME_CONFIG", "value": "{}"}]),
+     "env[0].name", "set by the operator"),
+    ("env modelscope switch", _with(env=[{"name": "VLLM_USE_MODELSCOPE", "value": "true"}]),
+     "env[0].name", "modelSource"),
+    ("env bad name", _with(env=[{"name": "A B", "value": "1"}]), "env[0].name",
+     "not a valid environment variable name"),
+    ("env value not a string", _with(env=[{"name": "A", "value": 3}]), "env[0].value",
+     "string"),
+    ("env value and valueFrom", _with(env=[{"name": "A", "value": "1",
+                                              "valueFrom": {"fieldRef": {}}}]),
+     "env[0]", "exclusive"),
+    ("env unknown field", _with(env=[{"name": "A", "vaule": "1"}]), "env[0].vaule",
+     "unknown field"),
+    ("env not an object", _with(env=["A=1"]), "env[0]", "valid dictionary"),
+    ("resources quantity", _with(resources={"limits": {"memory": "lots"}}),
+     "resources.limits[memory]", "'lots' is not a quantity"),
+    ("resources negative", _with(resources={"requests": {"cpu": -1}}),
+     "resources.requests[cpu]", "not a quantity"),
+    ("resources limits a string", _with(resources={"limits": "8Gi"}), "resources.limits",
+     "map"),
+    ("resources unknown key", _with(resources={"limit": {"cpu": "1"}}), "resources.limit",
+     "unknown field"),
+    ("toleration operator", _with(tolerations=[{"key": "k", "operator": "In"}]),
+     "tolerations[0].operator", "Exists or Equal"),
+    ("toleration effect", _with(tolerations=[{"key": "k", "effect": "Never"}]),
+     "tolerations[0].effect", "NoSchedule"),
+    ("toleration no key", _with(tolerations=[{"value": "v"}]), "tolerations[0].key",
+     "required unless operator is Exists"),
+    ("toleration Exists with value", _with(tolerations=[{"key": "k", "operator": "Exists",
+                                                          "value": "v"}]),
+     "tolerations[0].value", "empty"),
+    ("toleration seconds", _with(tolerations=[{"key": "k", "effect": "NoSchedule",
+                                               "tolerationSeconds": 5}]),
+     "tolerations[0].tolerationSeconds", "NoExecute"),
+    ("toleration not an object", _with(tolerations=["k=v:NoSchedule"]), "tolerations[0]",
+     "valid dictionary"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "spec", "field", "text"), POD_PARTS,
+                         ids=[c[0] for c in POD_PARTS])
+def test_bad_pod_parts_are_invalid_spec_with_the_users_field_path(
+    name: str, spec: dict[str, Any], field: str, text: str
+) -> None:
+    _, found = spec_problems(spec)
+    assert any(f == field and text in m for f, m in found), found
+
+
+def test_good_pod_parts_pass() -> None:
+    spec = _with(
+        env=[{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "t"}}},
+             {"name": "A", "value": ""}],
+        resources={"limits": {"memory": "512Gi", "cpu": 32, "nvidia.com/gpu": "x"},
+                   "requests": {"cpu": "500m", "ephemeral-storage": "1e3", "memory": "1.5Gi"}},
+        tolerations=[{"operator": "Exists"}, {"key": "a", "operator": "Equal", "value": "b",
+                                             "effect": "NoExecute", "tolerationSeconds": 30}],
+    )
+    assert spec_problems(spec)[1] == []

@@ -60,6 +60,95 @@ _SPEC_RULES: dict[str, list[dict[str, str]]] = {
 }
 
 
+def _pod_part_schemas() -> dict[str, dict[str, Any]]:
+    """Structural schemas (and CEL) for the Kubernetes parts a spec passes to the pods, so the
+    API server refuses what would make an invalid pool Deployment (pod_parts.py says the same
+    for what reaches the operator anyway)."""
+    reserved_env = ", ".join(f"'{n}'" for n in api.RESERVED_ENV)
+    quantity = {
+        "x-kubernetes-int-or-string": True,
+        "x-kubernetes-validations": [
+            {
+                "rule": "type(self) == string ? isQuantity(self) : self >= 0",
+                "message": "must be a quantity (e.g. 500m, 64Gi, 2)",
+            }
+        ],
+    }
+    return {
+        "env": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",  # names are unique
+            "x-kubernetes-list-map-keys": ["name"],
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "pattern": api.ENV_NAME},
+                    "value": {"type": "string"},
+                    "valueFrom": {
+                        "type": "object",
+                        "maxProperties": 1,
+                        "minProperties": 1,
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    },
+                },
+                "x-kubernetes-validations": [
+                    {
+                        "rule": f"!(self.name in [{reserved_env}])",
+                        "message": f"{', '.join(api.RESERVED_ENV)} are set by the operator",
+                        "fieldPath": ".name",
+                    },
+                    {
+                        "rule": "!has(self.value) || !has(self.valueFrom)",
+                        "message": "value and valueFrom are exclusive",
+                    },
+                ],
+            },
+        },
+        "resources": {
+            "type": "object",
+            "properties": {
+                "limits": {"type": "object", "additionalProperties": quantity},
+                "requests": {"type": "object", "additionalProperties": quantity},
+                "claims": {
+                    "type": "array",
+                    "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                },
+            },
+        },
+        "tolerations": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "key": {"type": "string"},
+                    "operator": {"type": "string", "enum": list(api.TOLERATION_OPERATORS)},
+                    "value": {"type": "string"},
+                    "effect": {"type": "string", "enum": ["", *api.TOLERATION_EFFECTS]},
+                    "tolerationSeconds": {"type": "integer", "format": "int64"},
+                },
+                "x-kubernetes-validations": [
+                    {
+                        "rule": "!has(self.operator) || self.operator != 'Exists' || "
+                        "!has(self.value) || self.value == ''",
+                        "message": "value must be empty when operator is Exists",
+                    },
+                    {
+                        "rule": "(has(self.key) && self.key != '') || "
+                        "(has(self.operator) && self.operator == 'Exists')",
+                        "message": "key is required unless operator is Exists",
+                    },
+                    {
+                        "rule": "!has(self.tolerationSeconds) || "
+                        "(has(self.effect) && self.effect == 'NoExecute')",
+                        "message": "tolerationSeconds is only valid with effect NoExecute",
+                    },
+                ],
+            },
+        },
+    }
+
+
 def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Inline $refs, collapse Optional[...] and drop what structural schemas forbid."""
     if "$ref" in schema:
@@ -143,6 +232,8 @@ def _spec_schema() -> dict[str, Any]:
     props["maxModelLen"]["x-kubernetes-validations"] = _INT_OR_STRING_RULES["maxModelLen"]
     spec_props["profiles"]["x-kubernetes-validations"] = _SPEC_RULES["profiles"]
     props["extraArgs"]["x-kubernetes-validations"] = _SPEC_RULES["extraArgs"]
+    for name, schema in _pod_part_schemas().items():
+        props[name] = {"description": props[name].get("description", ""), **schema}
     spec["x-kubernetes-validations"] = api.SPEC_CEL_RULES
     return spec
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from mtp_runtime.pool_config import ENV_VAR
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
 
 GROUP = "mtp-operator.io"
@@ -33,6 +34,12 @@ MAX_ROLLBACK_HISTORY = 20
 INT32_MAX = 2**31 - 1  # Kubernetes' int32 fields (a Deployment's replicas)
 MAX_DURATION_SECONDS = 30 * 24 * 3600  # rollback timings: 30 days at most
 MAX_MTP_LAYERS = 64
+# The pod parts a spec passes through (env, tolerations): what Kubernetes accepts, and the
+# environment variables the operator sets itself in every pool container.
+RESERVED_ENV = (ENV_VAR, "VLLM_USE_MODELSCOPE")
+ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 class _Model(BaseModel):
