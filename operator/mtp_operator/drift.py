@@ -1,8 +1,12 @@
 """Does an observed pool Deployment still carry the operator's settings? Pure.
 
-Only fields the operator writes in the form the API server keeps are compared, so the
-server's defaulting never looks like a change (that would be a hot loop), while a hand edit of
-what matters (replicas, image, command, env, the runtime config, GPUs, placement) is noticed.
+Fields the operator writes are compared in the form the API server keeps, so the server's
+defaulting never looks like a change (that would be a hot loop), while a hand edit of what
+matters (replicas, image, command, env, the runtime config, GPUs, placement) is noticed. A
+field someone *added* to the Deployment's spec or pod template (args, env entries, volumes,
+containers, ...) is drift too (`added_fields`); a field found with exactly the value the API
+server defaults it to is not. Labels and annotations other tools add (Argo CD's tracking id,
+`kubectl rollout restart`'s restartedAt) are left alone.
 """
 
 from __future__ import annotations
@@ -74,10 +78,84 @@ def _env_drifted(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> boo
     return False
 
 
+_ANY = object()
+# What the API server fills in (k8s.io/kubernetes/pkg/apis/*/v1/defaults.go): found with
+# these values, a field the operator does not write is the server's, not a hand edit.
+_DEPLOYMENT_DEFAULTS: dict[str, Any] = {"progressDeadlineSeconds": 600, "revisionHistoryLimit": 10}
+_POD_DEFAULTS: dict[str, Any] = {
+    "dnsPolicy": "ClusterFirst",
+    "restartPolicy": "Always",
+    "schedulerName": "default-scheduler",
+    "securityContext": {},
+    "terminationGracePeriodSeconds": 30,
+}
+_CONTAINER_DEFAULTS: dict[str, Any] = {
+    "terminationMessagePath": "/dev/termination-log",
+    "terminationMessagePolicy": "File",
+    "imagePullPolicy": _ANY,  # Always or IfNotPresent, by the image tag
+    "resources": {},
+}
+
+
+def _extra_keys(
+    want: Mapping[str, Any] | None, have: Mapping[str, Any] | None, defaults: Mapping[str, Any]
+) -> list[str]:
+    """Keys of `have` that `want` lacks, unless they hold the server's default."""
+    want, have = want or {}, have or {}
+    out = []
+    for key in sorted(set(have) - set(want)):
+        default = defaults.get(key, None)
+        if key in defaults and (default is _ANY or have[key] == default):
+            continue
+        if have[key] in (None, [], {}):
+            continue  # an empty field is no setting
+        out.append(key)
+    return out
+
+
+def _names(items: Any, key: str = "name") -> list[str]:
+    return [str(i.get(key)) for i in items or [] if isinstance(i, Mapping)]
+
+
+def added_fields(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
+    """Fields someone added to the pool's spec or pod template that the operator never sets,
+    as `added <path>` entries; empty when nothing was added."""
+    out = [f"spec.{k}" for k in _extra_keys(desired.get("spec"), observed.get("spec"),
+                                            _DEPLOYMENT_DEFAULTS)]
+    want_pod = _get(desired, "spec", "template", "spec") or {}
+    have_pod = _get(observed, "spec", "template", "spec") or {}
+    listed = ("containers", "initContainers", "ephemeralContainers", "volumes")  # by name below
+    out += [
+        f"pod {k}" for k in _extra_keys(want_pod, have_pod, _POD_DEFAULTS) if k not in listed
+    ]
+    for kind in ("containers", "initContainers", "ephemeralContainers"):
+        extra = set(_names(have_pod.get(kind))) - set(_names(want_pod.get(kind)))
+        out += [f"{kind}[{n}]" for n in sorted(extra)]
+    extra = set(_names(have_pod.get("volumes"))) - set(_names(want_pod.get("volumes")))
+    out += [f"volumes[{n}]" for n in sorted(extra)]
+    wanted = {c.get("name"): c for c in want_pod.get("containers") or []}
+    for have in have_pod.get("containers") or []:
+        want = wanted.get(have.get("name"))
+        if want is None:
+            continue
+        name = have.get("name")
+        out += [f"container {name} {k}" for k in _extra_keys(want, have, _CONTAINER_DEFAULTS)]
+        for field, key in (("env", "name"), ("volumeMounts", "mountPath"), ("ports", "name")):
+            extra = set(_names(have.get(field), key)) - set(_names(want.get(field), key))
+            out += [f"container {name} {field}[{n}]" for n in sorted(extra)]
+        for part in ("limits", "requests"):
+            extra = set(_get(have, "resources", part) or {}) - set(
+                _get(want, "resources", part) or {}
+            )
+            out += [f"container {name} resources.{part}[{n}]" for n in sorted(extra)]
+    return [f"added {path}" for path in out]
+
+
 def drifted_fields(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
-    """Names of the operator-owned fields that differ; empty when the pool is as desired."""
+    """Names of the operator-owned fields that differ, then the fields someone added (see
+    `added_fields`); empty when the pool is as desired."""
     want, have = _view(desired), _view(observed)
     changed = [field for field, value in want.items() if have[field] != value]
     if _env_drifted(desired, observed):
         changed.append("env")
-    return changed
+    return changed + added_fields(desired, observed)

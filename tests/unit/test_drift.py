@@ -104,8 +104,42 @@ def test_other_managers_fields_are_no_drift() -> None:
     observed["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] = (
         "2026-01-01T00:00:00Z"
     )
-    observed["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "X", "value": "1"})
     assert drifted_fields(_desired(), observed) == []
+
+
+ADDITIONS: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
+    ("env entry", lambda o: _container(o)["env"].append({"name": "X", "value": "1"}),
+     "added container vllm env[X]"),
+    ("args", lambda o: _container(o).update(args=["--enforce-eager"]), "added container vllm args"),
+    ("sidecar", lambda o: o["spec"]["template"]["spec"]["containers"].append(
+        {"name": "sidecar", "image": "busybox"}), "added containers[sidecar]"),
+    ("init container", lambda o: o["spec"]["template"]["spec"].update(
+        initContainers=[{"name": "init", "image": "busybox"}]), "added initContainers[init]"),
+    ("volume", lambda o: o["spec"]["template"]["spec"]["volumes"].append(
+        {"name": "extra", "emptyDir": {}}), "added volumes[extra]"),
+    ("volume mount", lambda o: _container(o)["volumeMounts"].append(
+        {"name": "dshm", "mountPath": "/cache"}), "added container vllm volumeMounts[/cache]"),
+    ("privileged", lambda o: _container(o).update(securityContext={"privileged": True}),
+     "added container vllm securityContext"),
+    ("hostNetwork", lambda o: o["spec"]["template"]["spec"].update(hostNetwork=True),
+     "added pod hostNetwork"),
+    ("pod securityContext", lambda o: o["spec"]["template"]["spec"].update(
+        securityContext={"runAsUser": 0}), "added pod securityContext"),
+    ("paused", lambda o: o["spec"].update(paused=True), "added spec.paused"),
+    ("revision limit", lambda o: o["spec"].update(revisionHistoryLimit=1),
+     "added spec.revisionHistoryLimit"),
+    ("memory limit", lambda o: _container(o)["resources"]["limits"].update(cpu="1"),
+     "added container vllm resources.limits[cpu]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("edit", "field"), [e[1:] for e in ADDITIONS],
+                         ids=[e[0] for e in ADDITIONS])
+def test_hand_added_fields_are_drift(edit: Callable[[dict[str, Any]], Any], field: str) -> None:
+    desired = _desired()
+    observed = _server_copy(desired)
+    edit(observed)
+    assert drifted_fields(desired, observed) == [field]
 
 
 def _container(obj: dict[str, Any]) -> dict[str, Any]:

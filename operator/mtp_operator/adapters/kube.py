@@ -50,6 +50,15 @@ class Kube:
         out = await self.client.apply(res, field_manager=FIELD_MANAGER, force=True)
         return _to_dict(out)
 
+    async def replace(self, obj: Mapping[str, Any], resource_version: str | None) -> dict:
+        """Replace `obj` as a whole (PUT): fields someone else added go, which server-side
+        apply never removes (they belong to that other field manager). Conditional on
+        `resource_version`: a concurrent change is a 409, retried by the caller."""
+        body = dict(obj)
+        body["metadata"] = {**obj["metadata"], "resourceVersion": resource_version}
+        out = await self.client.replace(codecs.from_dict(body), field_manager=FIELD_MANAGER)
+        return _to_dict(out)
+
     async def crd_served(self, namespace: str | None = None) -> bool:
         """Whether the API server serves MTPInference (the CRD is installed): one list of at
         most one object, in `namespace` or cluster-wide; a 404 means it is not."""

@@ -84,6 +84,7 @@ class _Slot:
     # scale are for a pool's status change and find the same spec and the same plans.
     spec_memo: tuple[str, Any, Any] | None = None  # (spec as JSON, spec, problems)
     desired_memo: tuple[Any, list[dict[str, Any]]] | None = None  # (inputs, objects)
+    last_error: str | None = None  # the last unexpected error (its traceback is logged once)
 
 
 SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
@@ -92,6 +93,7 @@ SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch'
 # rollbacks) at once. At scale this halves the status writes of a rollout.
 STATUS_COUNTS_INTERVAL = 2.0
 RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resource
+UNEXPECTED_RETRY_SECONDS = 30.0  # after an error that is not the API server's
 
 
 def _significant(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -173,6 +175,13 @@ class Reconciler:
         except (TransientReconcileError, ApiError, TransportError) as err:
             log.warning("will retry %s/%s in %.0fs: %s", key[0], key[1], RETRY_SECONDS, err)
             self.reconcile_later(key, RETRY_SECONDS)
+        except Exception as err:  # a bug must not stop this resource for good, nor flood logs
+            slot = self.slot(key)
+            text = f"{type(err).__name__}: {err}"
+            log.error("reconcile %s/%s failed: %s; retrying in %.0fs", key[0], key[1], text,
+                      UNEXPECTED_RETRY_SECONDS, exc_info=err if slot.last_error != text else None)
+            slot.last_error = text
+            self.reconcile_later(key, UNEXPECTED_RETRY_SECONDS)
 
     def pool_seen(self, key: Key, body: Mapping[str, Any]) -> None:
         """The watch delivered a pool Deployment event (deletions too): our copy is stale now."""
@@ -452,9 +461,16 @@ class Reconciler:
         return slot.desired_memo[1]
 
     async def _write_pool(
-        self, owner: Mapping[str, Any], plan: PoolPlan, desired: Mapping[str, Any]
+        self,
+        owner: Mapping[str, Any],
+        plan: PoolPlan,
+        desired: Mapping[str, Any],
+        replace_rv: str | None = None,
     ) -> None:
-        out = await self.kube.apply(desired)
+        if replace_rv is not None:  # someone added fields: only a full replace removes them
+            out = await self.kube.replace(desired, replace_rv)
+        else:
+            out = await self.kube.apply(desired)
         OPERATOR_METRICS.deployment_writes.inc()
         meta = owner.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
@@ -478,7 +494,9 @@ class Reconciler:
                 .get("annotations", {})
                 .get(ANNOTATION_SETTINGS_HASH)
             )
-            await self._write_pool(owner, plan, desired)
+            added = any(c.startswith("added ") for c in changed)
+            rv = (observed.get("metadata") or {}).get("resourceVersion") if added else None
+            await self._write_pool(owner, plan, desired, rv)
             if ours == theirs:
                 await self.kube.event(
                     owner,
