@@ -14,13 +14,14 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.api.v1alpha1 import MAX_ROLLBACK_HISTORY
 from mtp_operator.control.reconciler import Key, Reconciler
+from mtp_operator.naming import label_value
 from mtp_operator.planning import PlanError, plan_pool
 from mtp_operator.rollback.policy import PoolRollbackState, decide
 from mtp_operator.rollback.signals import AlertSignal
@@ -58,8 +59,19 @@ class RollbackActions:
             raise NotReady("operator is still listing the cluster")
         received = time.monotonic()
         by_resource: dict[Key, list[AlertSignal]] = defaultdict(list)
+        # Pod labels (so alert labels) carry names over 63 characters cut and hashed
+        # (naming.label_value): map such a value back to the resource it stands for.
+        hashed = {
+            (ns, label_value(name)): name
+            for ns, name in self.view.resource_keys()
+            if label_value(name) != name
+        }
         for sig in signals:
-            by_resource[(sig.target.namespace, sig.target.mtpinference)].append(sig)
+            ns, name = sig.target.namespace, sig.target.mtpinference
+            name = hashed.get((ns, name), name)
+            if name != sig.target.mtpinference:
+                sig = replace(sig, target=replace(sig.target, mtpinference=name))
+            by_resource[(ns, name)].append(sig)
         outcome = Outcome()
 
         async def one(key: Key, sigs: list[AlertSignal]) -> None:
@@ -91,7 +103,11 @@ class RollbackActions:
             pools = {p["gpuProduct"]: dict(p) for p in status.get("pools") or []}
             records: list[dict[str, Any]] = []
             touched = False
+            by_label = {label_value(p): p for p in pools if label_value(p) != p}
             for sig in sigs:
+                product = by_label.get(sig.target.gpu_product, sig.target.gpu_product)
+                if product != sig.target.gpu_product:
+                    sig = replace(sig, target=replace(sig.target, gpu_product=product))
                 pool = pools.get(sig.target.gpu_product)
                 if pool is None:
                     outcome.unknown.append(f"{key[0]}/{key[1]}/{sig.target.gpu_product}")
