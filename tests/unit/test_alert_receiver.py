@@ -396,6 +396,10 @@ def test_parse_address() -> None:
 @pytest.fixture
 def tls_files(tmp_path: Path) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (cryptography is a test dependency)."""
+    return _self_signed(tmp_path / "tls.crt", tmp_path / "tls.key")
+
+
+def _self_signed(cert_file: Path, key_file: Path) -> tuple[Path, Path]:
     import datetime as dt
     import ipaddress
 
@@ -421,7 +425,6 @@ def tls_files(tmp_path: Path) -> tuple[Path, Path]:
         )
         .sign(key, hashes.SHA256())
     )
-    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_file.write_bytes(
         key.private_bytes(
@@ -532,3 +535,73 @@ async def test_one_log_line_per_request_however_many_alerts(
     lines = [r for r in caplog.records if r.name.startswith("mtp_operator")]
     assert len(lines) == 1, len(lines)
     assert "5000 received" in lines[0].getMessage() and "+4995 more" in lines[0].getMessage()
+
+
+# ---- rotated Secrets ------------------------------------------------------------------------
+
+
+def _swap(path: Path, content: bytes) -> None:
+    """Replace `path` the way the kubelet updates a mounted Secret: a new file, renamed over."""
+    new = path.with_name(path.name + ".new")
+    new.write_bytes(content)
+    new.replace(path)
+
+
+async def test_a_rotated_token_file_is_reread_and_the_old_token_stops_working(
+    tmp_path: Path, handler: Handler
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("first-token-0123456789\n")
+    runner = await serve_alerts("127.0.0.1:0", str(token), None, None, handler,
+                                reload_seconds=0.05)
+    try:
+        host, port = runner.addresses[0][:2]
+        url = f"http://{host}:{port}/alerts"
+
+        async def status(tok: str, fp: str) -> int:
+            async with session.post(url, json=payload(alert(fingerprint=fp)),
+                                    headers={"Authorization": f"Bearer {tok}"}) as r:
+                return r.status
+
+        async with aiohttp.ClientSession() as session:
+            assert await status("first-token-0123456789", "a") == 200
+            _swap(token, b"second-token-9876543210\n")
+            await asyncio.sleep(0.1)  # the bound: reload_seconds
+            assert await status("first-token-0123456789", "b") == 401
+            assert await status("second-token-9876543210", "c") == 200
+            _swap(token, b"\n")  # a broken rotation keeps the last good token
+            await asyncio.sleep(0.1)
+            assert await status("second-token-9876543210", "d") == 200
+    finally:
+        await runner.cleanup()
+
+
+async def test_rotated_tls_files_serve_the_new_certificate(
+    tmp_path: Path, handler: Handler
+) -> None:
+    cert, key = _self_signed(tmp_path / "tls.crt", tmp_path / "tls.key")
+    (tmp_path / "token").write_text(TOKEN)
+    runner = await serve_alerts("127.0.0.1:0", str(tmp_path / "token"), str(cert), str(key),
+                                handler, reload_seconds=0.05)
+    try:
+        host, port = runner.addresses[0][:2]
+
+        def served_cert() -> bytes:
+            import socket
+
+            ctx = ssl.create_default_context()
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+            with socket.create_connection((host, port), timeout=5) as raw:
+                with ctx.wrap_socket(raw) as tls:
+                    return tls.getpeercert(binary_form=True)
+
+        first = await asyncio.to_thread(served_cert)
+        new_cert, new_key = _self_signed(tmp_path / "n.crt", tmp_path / "n.key")
+        _swap(key, new_key.read_bytes())
+        _swap(cert, new_cert.read_bytes())
+        await asyncio.sleep(0.2)
+        second = await asyncio.to_thread(served_cert)
+        assert first != second
+        assert ssl.DER_cert_to_PEM_cert(second).strip() == new_cert.read_text().strip()
+    finally:
+        await runner.cleanup()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import ssl
 import time
 from collections import OrderedDict
@@ -117,7 +118,7 @@ class _RecentKeys:
 
 
 def make_app(
-    token: str | None,
+    token: str | Callable[[], str | None] | None,
     on_signals: OnSignals,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -125,9 +126,12 @@ def make_app(
     dedupe_seconds: float = DEFAULT_DEDUPE_SECONDS,
     clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
-    """The receiver as an aiohttp application. `token=None` turns authentication off."""
+    """The receiver as an aiohttp application. `token=None` turns authentication off; a
+    callable is asked on every request (a token file that is re-read when it changes)."""
     m = metrics or AlertMetrics.create()
-    expected = f"Bearer {token}".encode() if token is not None else None
+    def expected() -> bytes | None:
+        current = token() if callable(token) else token
+        return f"Bearer {current}".encode() if current is not None else None
     recent = _RecentKeys(dedupe_seconds, clock)
 
     def reply(code: int, rejected: str | None = None, **body: Any) -> web.Response:
@@ -147,9 +151,10 @@ def make_app(
         return bytes(body)
 
     async def alerts(request: web.Request) -> web.Response:
-        if expected is not None:
+        want = expected()
+        if want is not None:
             given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+            if not hmac.compare_digest(given, want):
                 resp = reply(401, "unauthorized", error="missing or wrong bearer token")
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 return resp
@@ -221,6 +226,75 @@ def make_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return ctx
 
 
+RELOAD_SECONDS = 1.0  # how often the token and TLS files are checked for a change
+
+
+class WatchedFiles:
+    """A value loaded from files, loaded again when one of them changes (mtime, size or inode:
+    the kubelet updates a mounted Secret by swapping a symlink). Checked at most every
+    `every` seconds; a change that cannot be loaded keeps the previous value, logged once."""
+
+    def __init__(
+        self,
+        paths: list[str],
+        load: Callable[[], Any],
+        what: str,
+        every: float = RELOAD_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.paths, self.load, self.what, self.every, self.clock = paths, load, what, every, clock
+        self._seen = self._stat()
+        self.value = load()
+        self._checked = clock()
+        self._failed: tuple[Any, ...] | None = None
+
+    def _stat(self) -> tuple[Any, ...]:
+        out = []
+        for p in self.paths:
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def get(self) -> Any:
+        now = self.clock()
+        if now - self._checked < self.every:
+            return self.value
+        self._checked = now
+        seen = self._stat()
+        if seen == self._seen:
+            return self.value
+        try:
+            self.value = self.load()
+        except (OSError, ValueError, ssl.SSLError) as err:
+            if seen != self._failed:
+                log.error("%s changed but cannot be loaded (%s); keeping the previous one",
+                          self.what, err)
+                self._failed = seen
+            return self.value
+        self._seen, self._failed = seen, None
+        log.info("%s changed: reloaded", self.what)
+        return self.value
+
+
+def _every(seconds: float, check: Callable[[], Any]) -> Callable[[web.Application], Any]:
+    """An aiohttp cleanup context that calls `check` every `seconds` while the app runs."""
+
+    async def ctx(_: web.Application) -> Any:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(seconds)
+                check()
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+
+    return ctx
+
+
 def read_token(token_file: str) -> str:
     token = Path(token_file).read_text().strip()
     if not token:
@@ -237,22 +311,37 @@ async def serve_alerts(
     *,
     metrics: AlertMetrics | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    reload_seconds: float = RELOAD_SECONDS,
 ) -> web.AppRunner:
     """Start the receiver on `address`; returns the runner (`await runner.cleanup()` stops it).
 
     Without a token file anyone who can reach the port can trigger rollbacks: a warning is
-    logged. TLS needs both files. Counters go to the operator's registry unless `metrics`
+    logged. TLS needs both files. The token file and the TLS files are re-read when they
+    change (a rotated Secret): the old token stops working, and new connections get the new
+    certificate, within `reload_seconds`. Counters go to the operator's registry unless `metrics`
     says otherwise.
     """
     host, port = parse_address(address)
-    token = await asyncio.to_thread(read_token, token_file) if token_file else None
-    if token is None:
+    token = None
+    if token_file:
+        token = WatchedFiles(
+            [token_file], lambda: read_token(token_file), "alerts token file", reload_seconds
+        )
+    else:
         log.warning("alerts receiver on %s has no token: requests are not authenticated", address)
     if bool(tls_cert_file) != bool(tls_key_file):
         raise ValueError("TLS for the alerts receiver needs both a certificate and a key file")
     ssl_ctx = make_ssl_context(tls_cert_file, tls_key_file) if tls_cert_file else None  # type: ignore[arg-type]
     metrics = metrics or operator_alert_metrics()
-    app = make_app(token, on_signals, max_body_bytes=max_body_bytes, metrics=metrics)
+    app = make_app(
+        token.get if token else None, on_signals, max_body_bytes=max_body_bytes, metrics=metrics
+    )
+    if ssl_ctx is not None:
+        cert, key = str(tls_cert_file), str(tls_key_file)
+        tls = WatchedFiles(
+            [cert, key], lambda: ssl_ctx.load_cert_chain(cert, key), "TLS files", reload_seconds
+        )
+        app.cleanup_ctx.append(_every(reload_seconds, tls.get))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx)
