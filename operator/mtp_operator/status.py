@@ -1,4 +1,5 @@
-"""The MTPInference status the operator reports. Pure: observations and `now` in, dict out."""
+"""The MTPInference status the operator reports. Pure: observations and `now` in, the typed
+status (`api.v1alpha1.MTPInferenceStatus`) out; `to_wire` is what the status writer sends."""
 
 from __future__ import annotations
 
@@ -7,10 +8,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from mtp_operator import conditions as c
-from mtp_operator.naming import pool_deployment_name, product_slug
+from mtp_operator.api.v1alpha1 import Condition, MTPInferenceStatus, PoolStatus
+from mtp_operator.naming import (
+    ANNOTATION_COMMAND,
+    ANNOTATION_GPU_PRODUCT,
+    pool_deployment_name,
+    product_slug,
+)
 from mtp_operator.planning import PoolPlan
 from mtp_runtime.gpu_profiles import product_family
+from mtp_runtime.problems import Problem, problems_text
 
 MAX_REMOVED_POOLS = 10
 
@@ -44,66 +54,92 @@ def short_product(product: str) -> str:
 class StatusInput:
     name: str
     generation: int | None
-    previous: Mapping[str, Any]  # the current status (may be empty)
+    previous: MTPInferenceStatus  # the current status (may be empty)
     plans: Sequence[PoolPlan]  # pools that should exist now
     observed: Mapping[str, ObservedPool]  # by GPU product
-    rollback_state: Mapping[str, Mapping[str, Any]]  # by GPU product: rollback fields to keep
+    # by GPU product: the PoolStatus rollback fields to keep (snake_case; None = unset)
+    rollback_state: Mapping[str, Mapping[str, Any]]
     settings_hashes: Mapping[str, str]
-    problems: Sequence[tuple[str, str]] = ()  # spec problems: reported, pools left as they were
+    problems: Sequence[Problem] = ()  # spec problems: reported, pools left as they were
     problem_reason: str = c.REASON_INVALID_SPEC  # or NoFittingNodes
     apply_error: str | None = None
     removed: Sequence[str] = field(default_factory=list)
     # pools kept as they run although no node fits them now: (status entry, PoolFate message)
-    retained: Sequence[tuple[dict[str, Any], str]] = ()
+    retained: Sequence[tuple[PoolStatus, str]] = ()
 
 
-def _pool_entry(i: StatusInput, plan: PoolPlan) -> dict[str, Any]:
+def read_status(status: Mapping[str, Any] | MTPInferenceStatus | None) -> MTPInferenceStatus:
+    """A status as the API server returns it (camelCase) as the typed model. A status that
+    does not validate (hand-edited, or written by another version) reads as empty: the next
+    write replaces it."""
+    if isinstance(status, MTPInferenceStatus):
+        return status
+    try:
+        return MTPInferenceStatus.model_validate(status or {})
+    except ValidationError:
+        return MTPInferenceStatus()
+
+
+def to_wire(status: MTPInferenceStatus) -> dict[str, Any]:
+    """The status as the status subresource takes it: camelCase; fields never set (and
+    None) left out, so a merge patch leaves what it does not name alone."""
+    return status.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+
+
+def _conditions(
+    previous: MTPInferenceStatus, wanted: list[c.Want], now: str, generation: int | None
+) -> list[Condition]:
+    prev = [cond.model_dump(by_alias=True) for cond in previous.conditions]
+    return [Condition.model_validate(d) for d in c.merge(prev, wanted, now, generation)]
+
+
+def _pool_entry(i: StatusInput, plan: PoolPlan) -> PoolStatus:
     seen = i.observed.get(plan.gpu_product)
-    entry: dict[str, Any] = {
-        "gpuProduct": plan.gpu_product,
-        "numSpeculativeTokens": plan.k,
-        "source": plan.source,
-        "reason": plan.reason,
-        "replicas": seen.desired if seen else 0,
-        "readyReplicas": seen.ready if seen else 0,
-        "deployment": pool_deployment_name(i.name, plan.gpu_product),
-        "settingsHash": i.settings_hashes.get(plan.gpu_product, ""),
+    kept = {
+        k: v for k, v in (i.rollback_state.get(plan.gpu_product) or {}).items() if v is not None
     }
-    for key, value in (i.rollback_state.get(plan.gpu_product) or {}).items():
-        if value is not None:
-            entry[key] = value
-    return entry
+    return PoolStatus(
+        gpu_product=plan.gpu_product,
+        num_speculative_tokens=plan.k,
+        source=plan.source,
+        reason=plan.reason,
+        replicas=seen.desired if seen else 0,
+        ready_replicas=seen.ready if seen else 0,
+        deployment=pool_deployment_name(i.name, plan.gpu_product),
+        settings_hash=i.settings_hashes.get(plan.gpu_product, ""),
+        **kept,
+    )
 
 
-def build_status(i: StatusInput, now: str) -> dict[str, Any]:
-    prev_conditions = list(i.previous.get("conditions") or [])
+def build_status(i: StatusInput, now: str) -> MTPInferenceStatus:
     if i.problems:
         # The spec can't be served as written: say so, and leave the pools as they were.
-        message = "; ".join(f"{f}: {m}" for f, m in i.problems)
+        message = problems_text(i.problems)
         wanted = [
             c.Want(c.DEGRADED, True, i.problem_reason, message),
             c.Want(c.PROGRESSING, False, i.problem_reason, "spec change not applied"),
         ]
         invalid = i.problem_reason == c.REASON_INVALID_SPEC
         wanted = c.with_kstatus(wanted, stalled=True)
-        return {
-            **{k: v for k, v in i.previous.items() if k != "conditions"},
-            "observedGeneration": i.generation,
-            "phase": "Invalid" if invalid else "Degraded",
-            "conditions": c.merge(prev_conditions, wanted, now, i.generation),
-        }
+        return i.previous.model_copy(
+            update={
+                "observed_generation": i.generation,
+                "phase": "Invalid" if invalid else "Degraded",
+                "conditions": _conditions(i.previous, wanted, now, i.generation),
+            }
+        )
 
-    pools = [_pool_entry(i, p) for p in i.plans] + [dict(e) for e, _ in i.retained]
-    pools.sort(key=lambda p: p["gpuProduct"])
-    desired = sum(p["replicas"] for p in pools)
-    ready = sum(p["readyReplicas"] for p in pools)
+    pools = [_pool_entry(i, p) for p in i.plans] + [e for e, _ in i.retained]
+    pools.sort(key=lambda p: p.gpu_product)
+    desired = sum(p.replicas for p in pools)
+    ready = sum(p.ready_replicas for p in pools)
     rolling = [
         p.gpu_product
         for p in i.plans
         if p.gpu_product not in i.observed or not i.observed[p.gpu_product].up_to_date
     ]
     all_ready = bool(pools) and not rolling and ready >= desired
-    rolled_back = [p for p in pools if p["source"] == "rollback"]
+    rolled_back = [p for p in pools if p.source == "rollback"]
 
     wanted = []
     if i.apply_error:
@@ -125,16 +161,16 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
         wanted.append(c.Want(c.PROGRESSING, False, c.REASON_STABLE))
     if rolled_back:
         msg = ", ".join(
-            f"{p['gpuProduct']} K={p['numSpeculativeTokens']} ({p['reason']})" for p in rolled_back
+            f"{p.gpu_product} K={p.num_speculative_tokens} ({p.reason})" for p in rolled_back
         )
         wanted.append(c.Want(c.ROLLED_BACK, True, c.REASON_ROLLED_BACK, msg))
     else:
         wanted.append(c.Want(c.ROLLED_BACK, False, c.REASON_NOT_ROLLED_BACK))
     if i.retained:
-        reasons = sorted({e["retained"] for e, _ in i.retained})
-        msg = "; ".join(f"pool {e['gpuProduct']}: {m}" for e, m in i.retained)
+        reasons = sorted({e.retained or "" for e, _ in i.retained})
+        msg = "; ".join(f"pool {e.gpu_product}: {m}" for e, m in i.retained)
         wanted.append(c.Want(c.POOLS_RETAINED, True, reasons[0], msg))
-    elif any(x.get("type") == c.POOLS_RETAINED for x in prev_conditions):
+    elif any(x.type == c.POOLS_RETAINED for x in i.previous.conditions):
         wanted.append(c.Want(c.POOLS_RETAINED, False, c.REASON_ALL_POOLS_PLACED))
 
     wanted = c.with_kstatus(wanted, stalled=False)  # an API error is retried, not stalled
@@ -144,49 +180,53 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
         phase = "Ready"
     else:
         phase = "Progressing"
-    removed = list(i.previous.get("removedPools") or [])
+    removed = list(i.previous.removed_pools)
     removed = [r for r in removed if r not in {p.gpu_product for p in i.plans}]
     removed = (removed + [r for r in i.removed if r not in removed])[-MAX_REMOVED_POOLS:]
-    return {
-        "observedGeneration": i.generation,
-        "phase": phase,
-        "conditions": c.merge(prev_conditions, wanted, now, i.generation),
-        "pools": pools,
-        "rollbacks": list(i.previous.get("rollbacks") or []),
-        "poolsSummary": " ".join(
-            f"{short_product(p['gpuProduct'])}:{p['numSpeculativeTokens']}" for p in pools
+    return MTPInferenceStatus(
+        observed_generation=i.generation,
+        phase=phase,
+        conditions=_conditions(i.previous, wanted, now, i.generation),
+        pools=pools,
+        rollbacks=list(i.previous.rollbacks),
+        pools_summary=" ".join(
+            f"{short_product(p.gpu_product)}:{p.num_speculative_tokens}" for p in pools
         ),
-        "ready": f"{ready}/{desired}",
-        "removedPools": removed,
-    }
+        ready=f"{ready}/{desired}",
+        removed_pools=removed,
+        rollback_reset_token=i.previous.rollback_reset_token,
+    )
 
 
 def retained_entry(
     name: str,
-    previous: Mapping[str, Any] | None,
+    previous: PoolStatus | None,
     deployment: Mapping[str, Any],
     observed: ObservedPool,
     reason: str,
     gone_since: str | None,
-) -> dict[str, Any]:
+) -> PoolStatus:
     """The status entry of a retained pool: what it reported last, with its live counts."""
     meta = deployment.get("metadata") or {}
-    product = ((meta.get("annotations") or {}).get("mtp-operator.io/gpu-product")) or ""
-    entry = dict(previous or {})
-    if not entry:
-        k = _k_from_command((meta.get("annotations") or {}).get("mtp-operator.io/vllm-command"))
-        entry = {
-            "gpuProduct": product,
-            "numSpeculativeTokens": k,
-            "source": "profile" if k else "off",
-            "reason": "as the running pool was planned",
-            "deployment": meta.get("name") or pool_deployment_name(name, product),
-        }
-    entry.update(replicas=observed.desired, readyReplicas=observed.ready, retained=reason)
-    entry.pop("productGoneSince", None)
-    if gone_since:
-        entry["productGoneSince"] = gone_since
-    return entry
+    annotations = meta.get("annotations") or {}
+    live = {
+        "replicas": observed.desired,
+        "ready_replicas": observed.ready,
+        "retained": reason,
+        "product_gone_since": gone_since,
+    }
+    if previous is not None:
+        return previous.model_copy(update=live)
+    product = annotations.get(ANNOTATION_GPU_PRODUCT) or ""
+    k = _k_from_command(annotations.get(ANNOTATION_COMMAND))
+    return PoolStatus(
+        gpu_product=product,
+        num_speculative_tokens=k,
+        source="profile" if k else "off",
+        reason="as the running pool was planned",
+        deployment=meta.get("name") or pool_deployment_name(name, product),
+        **live,
+    )
 
 
 def _k_from_command(command: str | None) -> int:
@@ -199,12 +239,16 @@ def _k_from_command(command: str | None) -> int:
         return 0
 
 
-def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+def status_changed(
+    old: MTPInferenceStatus | Mapping[str, Any], new: MTPInferenceStatus | Mapping[str, Any]
+) -> bool:
     """True when writing `new` would tell the reader something `old` doesn't."""
-    a = {k: v for k, v in old.items() if k != "conditions"}
-    b = {k: v for k, v in new.items() if k != "conditions"}
-    if a != b:
+    a = to_wire(old) if isinstance(old, MTPInferenceStatus) else dict(old)
+    b = to_wire(new) if isinstance(new, MTPInferenceStatus) else dict(new)
+    if {k: v for k, v in a.items() if k != "conditions"} != {
+        k: v for k, v in b.items() if k != "conditions"
+    }:
         return True
     return not c.same_ignoring_time(
-        list(old.get("conditions") or []), list(new.get("conditions") or [])
+        list(a.get("conditions") or []), list(b.get("conditions") or [])
     )

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from mtp_runtime.gpu_profiles import PoolSource
 from mtp_runtime.pool_config import ENV_VAR
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
 
@@ -197,7 +198,6 @@ class MTPInferenceSpec(_Model):
 
 # ---- status -------------------------------------------------------------------------------
 
-PoolSource = Literal["profile", "override", "cap", "rollback", "off"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "SpeculationRolledBack"]
 
 

@@ -19,10 +19,10 @@ from aiohttp import web
 from lightkube import AsyncClient, ConfigError, KubeConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from mtp_operator.adapters.kube import Kube
+from mtp_operator.adapters.kube import KubeClient
 from mtp_operator.adapters.telemetry import REGISTRY
 from mtp_operator.addresses import parse_address
-from mtp_operator.app import handlers
+from mtp_operator.app import handlers, kopf_tweaks
 from mtp_operator.control.alert_server import serve_alerts
 from mtp_operator.control.evaluator import run_evaluator
 from mtp_operator.control.leader import LeaderElector
@@ -122,7 +122,7 @@ async def _serve_metrics(address: str, health: Health) -> web.AppRunner:
 
 async def run(opts: RunOptions) -> int:
     client = AsyncClient(field_manager="mtp-operator")
-    kube = Kube(client)
+    kube = KubeClient(client)
     view = handlers.KopfView()
     reconciler = Reconciler(kube, view, opts.settings)
     actions = RollbackActions(kube, view, reconciler)
@@ -184,6 +184,9 @@ async def run(opts: RunOptions) -> int:
             handlers.resync_loop, reconciler, view, handlers.RESYNC_SECONDS
         )
         tasks.append(asyncio.create_task(supervise("resync", resync, health)))
+        # before kopf starts: O(n) instead of O(n^2) wake-ups while it indexes n objects (after
+        # the ports are bound, so that a start-up mistake is the only line printed)
+        kopf_tweaks.apply()
         operator = asyncio.create_task(run_with_crd(crd_served, run_kopf, paused, health))
         tasks.append(operator)
         if opts.leader_election:

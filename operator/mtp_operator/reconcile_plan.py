@@ -1,0 +1,177 @@
+"""The pure steps of one reconcile pass: plan the pools, then compose the status. No I/O.
+
+`control/reconciler.py` runs a pass as plan → desired objects (`builders`) → apply (its only
+I/O) → status; everything here is a function of its arguments, `now` included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
+from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
+from mtp_operator.naming import ANNOTATION_GPU_PRODUCT
+from mtp_operator.planning import (
+    RETAINED_PRODUCT_GONE,
+    GPUNode,
+    PlanError,
+    PoolFate,
+    PoolPlan,
+    fitting_products,
+    no_fit_problem,
+    plan_pool,
+    pool_fates,
+)
+from mtp_operator.rollback.state import RollbackView, pool_rollback_state
+from mtp_operator.settings import DEFAULT_POOL_REMOVAL_GRACE_SECONDS
+from mtp_operator.status import ObservedPool, StatusInput, build_status, to_wire
+from mtp_operator.timestamps import format_time, parse_time
+from mtp_runtime.problems import Problem
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """What a pass wants: the pools and their K, or the problems that block them."""
+
+    spec: MTPInferenceSpec | None
+    pools: list[PoolPlan]
+    problems: list[Problem]
+    problem_reason: str  # InvalidSpec or NoFittingNodes, when there are problems
+    rollback: RollbackView
+    # existing pools no node fits now: retained as they run, or removed (pool_fates)
+    fates: list[PoolFate] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What the apply step did: each written pool's settings hash, the products whose pools
+    it removed, and the API error that stopped it (None: all applied)."""
+
+    settings_hashes: Mapping[str, str] = field(default_factory=dict)
+    removed: Sequence[str] = ()
+    error: str | None = None
+    retained: Sequence[tuple[PoolStatus, str]] = ()  # status entries of retained pools
+
+
+def plan_pass(
+    spec: MTPInferenceSpec | None,
+    problems: Sequence[Problem],
+    nodes: Iterable[GPUNode],
+    previous: MTPInferenceStatus,
+    metadata: Mapping[str, Any],
+    gpu_profiles: Mapping[str, int],
+    now: datetime,
+    existing: Iterable[str] = (),
+    grace_seconds: float = DEFAULT_POOL_REMOVAL_GRACE_SECONDS,
+) -> PassPlan:
+    """The pools a resource should have now (spec, GPU nodes, rollback pins in status), and
+    the fate of the `existing` pools (by GPU product) no node fits now."""
+    found = list(problems)
+    rollback = pool_rollback_state(previous, metadata, metadata.get("generation"), now)
+    reason = REASON_INVALID_SPEC
+    plans: list[PoolPlan] = []
+    fates: list[PoolFate] = []
+    if spec is not None and not found:
+        nodes = list(nodes)
+        products = fitting_products(spec, nodes)
+        fates = pool_fates(
+            spec, nodes, existing, products, gone_since(previous), now, grace_seconds
+        )
+        if not products and not any(f.action == "retain" for f in fates):
+            # Keep what serves now (a bad edit must not tear pools down); say why. Pools of
+            # products no node carries any more still go after their grace period.
+            found, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
+            fates = [f for f in fates if f.reason == RETAINED_PRODUCT_GONE]
+        try:
+            plans = [plan_pool(spec, p, gpu_profiles, rollback.k_for(p)) for p in products]
+        except PlanError as err:
+            found = list(err.problems)
+    return PassPlan(spec, plans, found, reason, rollback, fates)
+
+
+def gone_since(status: MTPInferenceStatus) -> dict[str, datetime]:
+    """When each pool's GPU product was first seen gone from every node (status)."""
+    out = {}
+    for pool in status.pools:
+        t = parse_time(pool.product_gone_since)
+        if t is not None:
+            out[pool.gpu_product] = t
+    return out
+
+
+def pass_status(
+    name: str,
+    generation: int | None,
+    plan: PassPlan,
+    previous: MTPInferenceStatus,
+    observed: Mapping[str, ObservedPool],
+    applied: Applied,
+    now: datetime,
+) -> MTPInferenceStatus:
+    """The status after a pass: the pools as planned and observed, or the problems."""
+    if plan.problems:
+        if applied.removed:
+            kept = [p for p in previous.pools if p.gpu_product not in applied.removed]
+            previous = previous.model_copy(update={"pools": kept})
+        inputs = StatusInput(
+            name=name,
+            generation=generation,
+            previous=previous,
+            plans=[],
+            observed=observed,
+            rollback_state={},
+            settings_hashes={},
+            problems=plan.problems,
+            problem_reason=plan.problem_reason,
+        )
+        return build_status(inputs, format_time(now))
+    assert plan.spec is not None
+    inputs = StatusInput(
+        name=name,
+        generation=generation,
+        previous=previous,
+        plans=plan.pools,
+        observed=observed,
+        rollback_state=plan.rollback.by_product(
+            plan.pools, plan.spec.rollback, plan.spec.speculative.mtp_layers
+        ),
+        settings_hashes=applied.settings_hashes,
+        apply_error=applied.error,
+        removed=applied.removed,
+        retained=applied.retained,
+    )
+    status = build_status(inputs, format_time(now))
+    if plan.rollback.handled_reset_token:
+        status = status.model_copy(
+            update={"rollback_reset_token": plan.rollback.handled_reset_token}
+        )
+    return status
+
+
+def significant(status: MTPInferenceStatus) -> dict[str, Any]:
+    """Status without what only counts progress: replica counts and condition messages."""
+    wire = to_wire(status)
+    out = {k: v for k, v in wire.items() if k not in ("conditions", "ready")}
+    out["pools"] = [
+        {k: v for k, v in p.items() if k not in ("replicas", "readyReplicas")}
+        for p in wire.get("pools") or []
+    ]
+    out["conditions"] = [
+        (c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
+        for c in wire.get("conditions") or []
+    ]
+    return out
+
+
+def resource_version(body: Mapping[str, Any]) -> int:
+    try:
+        return int((body.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def product_of(deployment: Mapping[str, Any]) -> str | None:
+    return ((deployment.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_GPU_PRODUCT)
