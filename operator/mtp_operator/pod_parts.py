@@ -15,6 +15,7 @@ from typing import Any
 
 from mtp_operator.api.v1alpha1 import (
     ENV_NAME,
+    QUANTITY_PATTERN,
     RESERVED_ENV,
     TOLERATION_EFFECTS,
     TOLERATION_OPERATORS,
@@ -26,8 +27,7 @@ Problem = tuple[str, str]
 
 # Kubernetes' resource.Quantity: a signed decimal number, then a binary-SI, decimal-SI or
 # decimal-exponent suffix (k8s.io/apimachinery/pkg/api/resource/quantity.go).
-QUANTITY = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
-_QUANTITY_RE = re.compile(QUANTITY)
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 _ENV_NAME_RE = re.compile(ENV_NAME)
 ENV_KEYS = ("name", "value", "valueFrom")
 VALUE_FROM_KEYS = ("configMapKeyRef", "secretKeyRef", "fieldRef", "resourceFieldRef")

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from mtp_operator.api import crd as crdmod
 from mtp_operator.api import v1alpha1 as api
 from mtp_runtime.vllm_command import RESERVED_FLAGS, reserved_flags_in, reserved_pattern
+from support.spellings import EXTRA_ARGS_ACCEPTED, EXTRA_ARGS_REFUSED
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
@@ -273,22 +274,6 @@ def _cel_regex(rule: str) -> re.Pattern[str]:
     m = re.fullmatch(r"self\.all\(a, !a\.matches\('(.*)'\)\)", rule)
     assert m, rule
     return re.compile(re.sub(r"\\(.)", r"\1", m.group(1)))
-
-
-# every spelling vLLM's parser takes for a reserved flag, and neighbours it must let through
-EXTRA_ARGS_REFUSED = [
-    "--port", "--port=9000", "--po", "--max_model_len=8k", "--max-model", "--tensor_parallel",
-    "--speculative-config.method=ngram", "--speculative_config", "-sc", "-sc.method", "-sc=x",
-    "-tp", "--spec-tokens=3", "--spec-m", "--served-model-name", "--reasoning-parser=qwen3",
-    "--enforce-eager --port 9000", "--enforce-eager\t-tp 2", "--model", "--mod=x",
-    "--pipeline-parallel-size", "--pipeline_parallel", "-pp", "-pp=2", "--data-parallel-size=2",
-    "--data-parallel", "-dp", "-dp.x",
-]  # fmt: skip
-EXTRA_ARGS_ACCEPTED = [
-    "--enforce-eager", "--max-num-seqs=8", "--gpu-memory-utilization", "0.9", "--port-x",
-    "--model-impl", "--reasoning-parser-plugin", "--data-parallel-size-local", "-dpl", "-tp8x",
-    "--", "-", "hello --port", "x--port", "--tokenizer", "--portable",
-]  # fmt: skip
 
 
 def test_extra_args_rule_is_generated_from_the_operators_own_list() -> None:

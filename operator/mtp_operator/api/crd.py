@@ -65,25 +65,24 @@ def _pod_part_schemas() -> dict[str, dict[str, Any]]:
     API server refuses what would make an invalid pool Deployment (pod_parts.py says the same
     for what reaches the operator anyway)."""
     reserved_env = ", ".join(f"'{n}'" for n in api.RESERVED_ENV)
-    quantity = {
-        "x-kubernetes-int-or-string": True,
-        "x-kubernetes-validations": [
-            {
-                "rule": "type(self) == string ? isQuantity(self) : self >= 0",
-                "message": "must be a quantity (e.g. 500m, 64Gi, 2)",
-            }
-        ],
-    }
+    # Kubernetes' own schema for a resource.Quantity (as controller-gen writes it)
+    quantity = {"x-kubernetes-int-or-string": True, "pattern": api.QUANTITY_PATTERN}
     return {
         "env": {
             "type": "array",
+            "maxItems": api.MAX_ENV,
             "x-kubernetes-list-type": "map",  # names are unique
             "x-kubernetes-list-map-keys": ["name"],
             "items": {
                 "type": "object",
                 "required": ["name"],
                 "properties": {
-                    "name": {"type": "string", "minLength": 1, "pattern": api.ENV_NAME},
+                    "name": {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": 253,
+                        "pattern": api.ENV_NAME,
+                    },
                     "value": {"type": "string"},
                     "valueFrom": {
                         "type": "object",
@@ -108,8 +107,12 @@ def _pod_part_schemas() -> dict[str, dict[str, Any]]:
         "resources": {
             "type": "object",
             "properties": {
-                "limits": {"type": "object", "additionalProperties": quantity},
-                "requests": {"type": "object", "additionalProperties": quantity},
+                "limits": {"type": "object", "maxProperties": 64, "additionalProperties": quantity},
+                "requests": {
+                    "type": "object",
+                    "maxProperties": 64,
+                    "additionalProperties": quantity,
+                },
                 "claims": {
                     "type": "array",
                     "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
@@ -118,12 +121,13 @@ def _pod_part_schemas() -> dict[str, dict[str, Any]]:
         },
         "tolerations": {
             "type": "array",
+            "maxItems": api.MAX_TOLERATIONS,
             "items": {
                 "type": "object",
                 "properties": {
-                    "key": {"type": "string"},
+                    "key": {"type": "string", "maxLength": 317},
                     "operator": {"type": "string", "enum": list(api.TOLERATION_OPERATORS)},
-                    "value": {"type": "string"},
+                    "value": {"type": "string", "maxLength": 63},
                     "effect": {"type": "string", "enum": ["", *api.TOLERATION_EFFECTS]},
                     "tolerationSeconds": {"type": "integer", "format": "int64"},
                 },

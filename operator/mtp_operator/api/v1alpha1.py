@@ -41,6 +41,14 @@ RESERVED_ENV = (ENV_VAR, "VLLM_USE_MODELSCOPE")
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# Kubernetes' resource.Quantity (k8s.io/apimachinery/pkg/api/resource), as its OpenAPI schema
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+MAX_ENV = 256
+MAX_TOLERATIONS = 64
+MAX_EXTRA_ARG_LENGTH = 1024  # keeps the extraArgs CEL rule within the API server's cost budget
 
 
 class _Model(BaseModel):
@@ -182,14 +190,16 @@ class MTPInferenceSpec(_Model):
     node_selector: dict[str, str] | None = Field(
         None, description="Extra node selector for every pool."
     )
-    tolerations: list[dict[str, Any]] | None = Field(None, description="Pod tolerations.")
+    tolerations: list[dict[str, Any]] | None = Field(
+        None, max_length=MAX_TOLERATIONS, description="Pod tolerations."
+    )
     resources: dict[str, Any] | None = Field(
         None, description="Container resources; `nvidia.com/gpu` is set from tensorParallelSize."
     )
     env: list[dict[str, Any]] | None = Field(
-        None, description="Extra container environment (EnvVar list)."
+        None, max_length=MAX_ENV, description="Extra container environment (EnvVar list)."
     )
-    extra_args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+    extra_args: list[Annotated[str, Field(max_length=MAX_EXTRA_ARG_LENGTH)]] | None = Field(
         None, max_length=128, description="Extra `vllm serve` arguments, appended last."
     )
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)  # type: ignore[arg-type]
