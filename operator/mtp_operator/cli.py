@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for noisy in ("httpx", "httpx2"):  # one line per API request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.default_image:
         settings = settings.model_copy(update={"default_image": args.default_image})
     opts = RunOptions(

@@ -26,9 +26,9 @@ from mtp_operator.builders import FIELD_MANAGER
 log = logging.getLogger(__name__)
 
 try:  # lightkube 1.x talks through httpx2; its connection errors and timeouts are these
-    from httpx2 import TransportError
+    from httpx2 import HTTPStatusError, TransportError
 except ImportError:  # pragma: no cover - older lightkube
-    from httpx import TransportError
+    from httpx import HTTPStatusError, TransportError
 
 #: What a request to the API server raises besides ApiError when the server is away or slow.
 __all__ = ["KubeClient", "TransportError"]
@@ -63,7 +63,8 @@ class KubeClient:
 
     async def crd_served(self, namespace: str | None = None) -> bool:
         """Whether the API server serves MTPInference (the CRD is installed): one list of at
-        most one object, in `namespace` or cluster-wide; a 404 means it is not."""
+        most one object, in `namespace` or cluster-wide; a 404 means it is not (the server
+        answers a resource it does not know with a plain-text 404, not a Status)."""
         try:
             async for _ in self.client.list(
                 MTPInferenceResource, namespace=namespace or "*", chunk_size=1
@@ -71,6 +72,10 @@ class KubeClient:
                 break
         except ApiError as err:
             if err.status.code == 404:
+                return False
+            raise
+        except HTTPStatusError as err:
+            if err.response.status_code == 404:
                 return False
             raise
         return True

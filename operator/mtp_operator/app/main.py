@@ -200,8 +200,7 @@ async def run(opts: RunOptions) -> int:
         except Exception as err:  # kopf itself failed: exit non-zero, say why
             log.error("the operator's watches failed: %s: %s", type(err).__name__, err)
             return 1
-        log.error("the operator's watches stopped; exiting")
-        return 1
+        return 0  # kopf stops only when told to (SIGTERM, SIGINT)
     finally:
         for task in tasks:
             task.cancel()
