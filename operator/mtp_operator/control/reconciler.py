@@ -222,7 +222,15 @@ class Reconciler:
         body = self.view.resource(key)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return  # deleted: owner references let the garbage collector remove the pools
-        OPERATOR_METRICS.reconciles.inc()
+        try:
+            await self._pass(key, body, decisions)
+        finally:
+            # counted when done, so a pass that shows in the counter has made its writes
+            OPERATOR_METRICS.reconciles.inc()
+
+    async def _pass(
+        self, key: Key, body: Mapping[str, Any], decisions: Sequence[Decision]
+    ) -> None:
         meta = body.get("metadata") or {}
         persisted = self.current_status(key, body)
         previous = with_decisions(persisted, decisions)
