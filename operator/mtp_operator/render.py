@@ -39,9 +39,9 @@ def render_resource(
     name = meta.get("name")
     if not name:
         raise RenderError("metadata.name: required")
-    spec, found = spec_problems(doc.get("spec") or {})
-    if found or spec is None:
-        raise RenderError(problems_text(found, _spec_field))
+    spec, problems = spec_problems(doc.get("spec") or {})
+    if problems or spec is None:
+        raise RenderError(problems_text(problems, _spec_field))
     chosen = list(products or spec.gpu_products or DEFAULT_PRODUCTS)
     try:
         plans = [plan_pool(spec, p, settings.gpu_profiles) for p in chosen]

@@ -237,9 +237,9 @@ class Reconciler:
         observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
         now = self.clock()
-        spec, found = self._spec(key, body)
+        spec, problems = self._spec(key, body)
         plan = plan_pass(
-            spec, found, self.view.gpu_nodes(), previous, meta, self.settings.gpu_profiles, now
+            spec, problems, self.view.gpu_nodes(), previous, meta, self.settings.gpu_profiles, now
         )
         applied = Applied()
         if not plan.problems:
@@ -297,8 +297,8 @@ class Reconciler:
         slot = self.slot(key)
         text = json.dumps(body.get("spec") or {}, sort_keys=True, default=str)
         if slot.spec_memo is None or slot.spec_memo[0] != text:
-            spec, found = spec_problems(body.get("spec") or {})
-            slot.spec_memo = (text, spec, found)
+            spec, problems = spec_problems(body.get("spec") or {})
+            slot.spec_memo = (text, spec, problems)
         return slot.spec_memo[1], list(slot.spec_memo[2] or [])
 
     def _desired(
