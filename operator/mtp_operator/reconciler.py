@@ -24,6 +24,7 @@ from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
 from mtp_operator.drift import drifted_fields
 from mtp_operator.kube import TransportError
 from mtp_operator.metrics import OPERATOR_METRICS
+from mtp_operator.model_cache import cache_problems, effective
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import (
     GPUNode,
@@ -52,6 +53,7 @@ class ClusterView(Protocol):
     def gpu_nodes(self) -> Iterable[GPUNode]: ...
     def pool_deployments(self, key: Key) -> Mapping[str, Mapping[str, Any]]: ...
     def has_service(self, key: Key) -> bool: ...
+    def has_claim(self, namespace: str, name: str) -> bool: ...
 
 
 def utcnow() -> datetime:
@@ -247,6 +249,13 @@ class Reconciler:
         observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
         spec, found = self._spec(key, body)
+        if spec is not None and not found:  # the cache's claim must exist in the namespace
+            found = cache_problems(
+                spec,
+                self.settings.model_cache,
+                lambda claim: self.view.has_claim(key[0], claim),
+                key[0],
+            )
 
         now = self.clock()
         rollback = pool_rollback_state(previous, meta, generation, now)
@@ -368,6 +377,7 @@ class Reconciler:
                 plans,
                 self.settings.default_image,
                 self.settings.gpu_profiles,
+                effective(spec, self.settings.model_cache),
             )
             slot.desired_memo = (inputs, objs)
         return slot.desired_memo[1]

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from mtp_operator import builders
+from mtp_operator import builders, model_cache
 from mtp_operator.planning import PlanError, plan_pool
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.validation import spec_problems
@@ -42,6 +42,8 @@ def render_resource(
     if not name:
         raise RenderError("metadata.name: required")
     spec, found = spec_problems(doc.get("spec") or {})
+    if spec is not None and not found:  # no cluster here: claims are not looked up
+        found = model_cache.cache_problems(spec, settings.model_cache)
     if found or spec is None:
         raise RenderError("; ".join(f"{_spec_field(f)}: {m}" for f, m in found))
     chosen = list(products or spec.gpu_products or DEFAULT_PRODUCTS)
@@ -57,6 +59,7 @@ def render_resource(
         plans,
         settings.default_image,
         settings.gpu_profiles,
+        model_cache.effective(spec, settings.model_cache),
     )
 
 
