@@ -41,8 +41,7 @@ from mtp_runtime.launcher import (
     run_child,
     vllm_binary_override,
 )
-from mtp_runtime.load_watch import LoadWatch, finish_load
-from mtp_runtime.model_cache import CachePlan, plan_cache, writable
+from mtp_runtime.load_watch import LoadWatch, ModelLoad
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 
 EXIT_CONFIG = 2
@@ -117,15 +116,14 @@ def make_plan(args: argparse.Namespace) -> LaunchPlan:
     return launch
 
 
-def cache_plan_for(launch: LaunchPlan) -> CachePlan:
-    s = launch.settings
-    return plan_cache(s.model_source, s.model, launch.model_cache, os.environ)
+def model_load(launch: LaunchPlan) -> ModelLoad:
+    return ModelLoad(launch.settings, launch.model_cache, os.environ, log)
 
 
 def launch_dict(launch: LaunchPlan) -> dict[str, object]:
     """print-args' output: the plan, with the cache's variables in `env`."""
     out = launch.to_dict()
-    out["env"] = {**launch.env, **cache_plan_for(launch).env}
+    out["env"] = {**launch.env, **model_load(launch).env}
     return out
 
 
@@ -180,19 +178,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(json.dumps(launch_dict(launch), indent=2))
         return 0
     argv = vllm_binary_override(launch.argv)
-    cache = cache_plan_for(launch)
-    extra = {**launch.env, **cache.env}
+    load = model_load(launch)
+    extra = {**launch.env, **load.env}
     env, dropped = child_environment(os.environ, extra)
     if dropped:
         log("env_dropped", level="warning", names=dropped,
             reason="a Service named 'vllm' injects VLLM_PORT=tcp://..., which breaks vLLM")
     log("launch", argv=argv, env=extra, gpu=launch.gpu, k=launch.k)
-    volume = launch.model_cache
-    log("model_cache", **cache.to_dict(volume))
-    if volume is not None and not volume.read_only and not writable(volume.path):
-        log("model_cache_not_writable", level="warning", path=volume.path, uid=os.getuid(),
-            gid=os.getgid(), message="the hub client cannot store the model in the cache; "
-            "make the volume writable by this user or group, or set readOnly")
+    load.announce()
     exporter = None
     if not args.no_exporter:
         exporter = _exporter_for(launch, args)
@@ -203,19 +196,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except OSError as exc:  # the exporter must never keep vLLM from running
             log("exporter_failed", level="error", error=str(exc), port=args.exporter_port)
             exporter = None
-
-    def loaded(seconds: float) -> None:
-        s = launch.settings
-        report, marker = finish_load(cache, volume, s.model_source, s.model)
-        log("model_loaded", seconds=round(seconds, 3), cache=volume.kind if volume else "none",
-            offline=cache.offline, marker=marker, **report.to_dict())
-        if exporter is not None:
-            exporter.state.model_cache = volume.kind if volume else "none"
-            exporter.state.model_origin = report.origin
-            exporter.state.model_downloaded_bytes = report.downloaded_bytes
-            exporter.state.model_load_seconds = seconds
-
-    watch = LoadWatch(f"http://127.0.0.1:{launch.settings.port}/health", loaded)
+    watch = LoadWatch(f"http://127.0.0.1:{launch.settings.port}/health",
+                      lambda s: load.ready(s, exporter.state if exporter else None))
     try:
         status = run_child(argv, env, on_start=watch.start,
                            on_signal=lambda s: log("signal_forwarded", signal=int(s)))

@@ -96,8 +96,8 @@ def inventory(folder: Path) -> Inventory:
                 out[str(path.relative_to(folder))] = path.stat().st_size
             except OSError:
                 continue
-    out = {k: v for k, v in out.items() if not k.startswith(MARKER_DIR)}
-    return out
+    # not model files: our markers, and huggingface_hub's record of files the repo lacks
+    return {k: v for k, v in out.items() if not k.startswith((MARKER_DIR, ".no_exist"))}
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,8 @@ def test_inventory_counts_complete_blobs_once(tmp_path) -> None:
     folder = _fill(cache, {"config.json": b"{}", "model.safetensors": b"x" * 100})
     (folder / "blobs" / "sha-partial.incomplete").write_bytes(b"half")
     (folder / "blobs" / "sha-x.lock").write_bytes(b"")
+    (folder / ".no_exist" / "c").mkdir(parents=True)
+    (folder / ".no_exist" / "c" / "generation_config.json").write_bytes(b"")
     files = inventory(folder)
     assert files == {
         "refs/main": 40, "blobs/sha-config.json": 2, "blobs/sha-model.safetensors": 100,
