@@ -125,12 +125,17 @@ def pool_start(
     events: list[dict] = []
     loaded = threading.Event()
     log_lines: list[str] = []
+    log_path = workdir.parent / f"{workdir.name}.log"  # kept: the pod's whole log
 
     def read() -> None:
         assert proc.stderr is not None
-        for line in proc.stderr:
-            log_lines.append(line.rstrip())
-            if line.startswith("{"):
+        with open(log_path, "w") as log_file:
+            for line in proc.stderr:
+                log_file.write(line)
+                log_file.flush()
+                log_lines.append(line.rstrip())
+                if not line.startswith("{"):
+                    continue
                 try:
                     event = json.loads(line)
                 except ValueError:
@@ -146,7 +151,8 @@ def pool_start(
         while not loaded.wait(0.5):
             if proc.poll() is not None or time.monotonic() - t0 > timeout:
                 tail = "\n".join(log_lines[-40:])
-                raise RuntimeError(f"{label}: no model_loaded (exit {proc.poll()}):\n{tail}")
+                raise RuntimeError(f"{label}: no model_loaded (exit {proc.poll()}; whole log "
+                                   f"in {log_path}):\n{tail}")
         ready_s = time.monotonic() - t0
         exported = None
         for _ in range(20):  # the exporter shows the figure once the runtime has set it
