@@ -16,11 +16,11 @@ from typing import Any
 from mtp_operator.api.v1alpha1 import MODEL_CACHE_MOUNT_PATH, ModelCacheSpec, MTPInferenceSpec
 from mtp_operator.settings import ModelCacheSettings
 from mtp_runtime.model_cache import ModelCache
+from mtp_runtime.problems import Problem
 
 VOLUME_NAME = "model-cache"
 # Variables the runtime sets from the cache; set in spec.env they would point elsewhere.
 CACHE_ENV = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_XET_CACHE", "MODELSCOPE_CACHE")
-Problem = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def cache_problems(
             f"only under {allowed}" if allowed else "none: hostPath caches are disabled"
         )
         found.append(
-            (
+            Problem(
                 "modelCache.hostPath.path",
                 f"{c.host_path.path}{where} is not allowed: the operator's settings "
                 f"(modelCache.allowedHostPaths) allow {reason}",
@@ -104,7 +104,7 @@ def cache_problems(
         if not claim_exists(claim):
             in_ns = f" in namespace {namespace}" if namespace else ""
             found.append(
-                (
+                Problem(
                     "modelCache.persistentVolumeClaim.claimName",
                     f"PersistentVolumeClaim {claim}{where} does not exist{in_ns}; create it "
                     "first (the operator does not make claims)",
@@ -113,10 +113,8 @@ def cache_problems(
     for var in spec.env or []:
         name = var.get("name") if isinstance(var, dict) else None
         if name in CACHE_ENV:
-            found.append(("env", f"{name} is set by the runtime from modelCache; remove it"))
+            found.append(Problem("env", f"{name} is set by the runtime from modelCache; remove it"))
     for arg in spec.extra_args or []:
         if arg.split("=", 1)[0].replace("_", "-") == "--download-dir":
-            found.append(
-                ("extraArgs", "--download-dir would bypass modelCache; remove it")
-            )
+            found.append(Problem("extraArgs", "--download-dir would bypass modelCache; remove it"))
     return found

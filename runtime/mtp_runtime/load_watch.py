@@ -19,17 +19,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from mtp_runtime.cache_files import CachePlan, inventory, plan_cache, writable, write_marker
 from mtp_runtime.exporter import ExporterState
-from mtp_runtime.model_cache import (
-    CachePlan,
-    LoadReport,
-    ModelCache,
-    compare,
-    inventory,
-    plan_cache,
-    writable,
-    write_marker,
-)
+from mtp_runtime.model_cache import LoadReport, ModelCache, compare
 from mtp_runtime.vllm_command import ServeSettings
 
 DEFAULT_POLL_S = 0.25

@@ -15,24 +15,21 @@ where a previous pod of this model loaded it completely and left a marker — vL
 
 Whether the weights were downloaded is decided from the files, not from what the client
 logs: the model's files in the cache before vLLM starts and once it is Ready. New files mean a
-download (their bytes are reported); none, a start from the cache.
+download (their bytes are reported); none, a start from the cache. This module is the pure
+part (paths, variables, decisions); `cache_files` reads and writes the cache.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import quote
 
 CacheKind = Literal["persistentVolumeClaim", "hostPath"]
 Origin = Literal["cache", "download", "local"]
 MARKER_DIR = ".mtp-runtime"
-_PARTIAL_SUFFIXES = (".incomplete", ".lock", ".tmp")
+PARTIAL_SUFFIXES = (".incomplete", ".lock", ".tmp")  # files the hub client has not finished
 
 
 @dataclass(frozen=True)
@@ -57,8 +54,8 @@ def hub_cache_dir(source: str, cache: ModelCache | None, environ: Mapping[str, s
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if environ.get(name):
             return Path(environ[name])
-    xdg = environ.get("XDG_CACHE_HOME") or str(_home(environ) / ".cache")
-    return Path(environ.get("HF_HOME") or os.path.join(xdg, "huggingface")) / "hub"
+    xdg = Path(environ.get("XDG_CACHE_HOME") or _home(environ) / ".cache")
+    return Path(environ.get("HF_HOME") or xdg / "huggingface") / "hub"
 
 
 def _home(environ: Mapping[str, str]) -> Path:
@@ -73,31 +70,7 @@ def model_dir(source: str, model: str, hub_dir: Path) -> Path:
     return hub_dir / ("models--" + model.replace("/", "--"))
 
 
-def is_local(model: str) -> bool:
-    """A path (vLLM loads it as is), not a hub id."""
-    return model.startswith(("/", "./", "../")) or Path(model).is_dir()
-
-
 Inventory = dict[str, int]  # relative path -> size, of complete regular files
-
-
-def inventory(folder: Path) -> Inventory:
-    """Complete files under `folder` (symlinks are followed only to count them once:
-    huggingface_hub's snapshots link to blobs, which are counted)."""
-    out: Inventory = {}
-    if not folder.is_dir():
-        return out
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            path = Path(root) / name
-            if name.endswith(_PARTIAL_SUFFIXES) or path.is_symlink():
-                continue
-            try:
-                out[str(path.relative_to(folder))] = path.stat().st_size
-            except OSError:
-                continue
-    # not model files: our markers, and huggingface_hub's record of files the repo lacks
-    return {k: v for k, v in out.items() if not k.startswith((MARKER_DIR, ".no_exist"))}
 
 
 @dataclass(frozen=True)
@@ -128,56 +101,8 @@ def compare(before: Inventory, after: Inventory, local: bool = False) -> LoadRep
 
 
 def marker_path(cache: ModelCache, source: str, model: str) -> Path:
-    return Path(cache.path) / MARKER_DIR / "complete" / source / (quote(model, safe="") + ".json")
-
-
-def read_marker(cache: ModelCache, source: str, model: str, files: Inventory) -> bool:
-    """True when a previous pod loaded this model completely from this cache and its files
-    are all still there with the same sizes."""
-    try:
-        data = json.loads(marker_path(cache, source, model).read_text())
-        recorded = {str(k): int(v) for k, v in dict(data["files"]).items()}
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return bool(recorded) and all(files.get(k) == v for k, v in recorded.items())
-
-
-def write_marker(cache: ModelCache, source: str, model: str, files: Inventory) -> Path:
-    """Record that the model loaded completely from these files (the next pod runs offline).
-    Written to a temporary name and renamed, so a reader never sees half of it."""
-    path = marker_path(cache, source, model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    body = {"model": model, "source": source, "time": round(time.time(), 3), "files": files}
-    tmp.write_text(json.dumps(body, sort_keys=True))
-    os.replace(tmp, path)
-    return path
-
-
-@dataclass(frozen=True)
-class CachePlan:
-    """What the runtime does about the cache for one start."""
-
-    hub_dir: Path
-    model_dir: Path
-    env: dict[str, str]  # added to vLLM's environment
-    offline: bool
-    reason: str
-    local: bool
-    before: Inventory
-
-    def to_dict(self, cache: ModelCache | None) -> dict[str, object]:
-        files = self.before
-        return {
-            "cache": cache.kind if cache else "none",
-            "path": cache.path if cache else None,
-            "read_only": bool(cache and cache.read_only),
-            "hub_cache": str(self.hub_dir),
-            "offline": self.offline,
-            "reason": self.reason,
-            "files_before": len(files),
-            "bytes_before": sum(files.values()),
-        }
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in model.replace("/", "--"))
+    return Path(cache.path) / MARKER_DIR / "complete" / source / f"{name}.json"
 
 
 def cache_env(source: str, cache: ModelCache | None, offline: bool) -> dict[str, str]:
@@ -194,30 +119,19 @@ def cache_env(source: str, cache: ModelCache | None, offline: bool) -> dict[str,
     return env
 
 
-def plan_cache(
-    source: str, model: str, cache: ModelCache | None, environ: Mapping[str, str]
-) -> CachePlan:
-    """The cache's environment for vLLM and the files present before it starts."""
-    local = is_local(model)
-    hub = hub_cache_dir(source, cache, environ)
-    folder = model_dir(source, model, hub)
-    before = {} if local else inventory(folder)
+def offline_decision(
+    local: bool, cache: ModelCache | None, complete: bool, has_files: bool
+) -> tuple[bool, str]:
+    """Whether vLLM may run with HF_HUB_OFFLINE=1, and why: only when the whole model is known
+    to be in the cache (`complete`: a previous pod's marker still matches the files)."""
     if local:
-        offline, reason = False, "the model is a path: no hub involved"
-    elif cache is None:
-        offline, reason = False, "no cache volume: the pod's own file system"
-    elif cache.read_only:
-        offline, reason = True, "read-only cache: the hub is not asked (it cannot be written)"
-    elif read_marker(cache, source, model, before):
-        offline, reason = True, "a previous pod loaded this model completely from the cache"
-    elif before:
-        offline, reason = False, "files in the cache, not known to be complete: the hub "\
-            "client checks them"
-    else:
-        offline, reason = False, "not in the cache yet: the hub client downloads it"
-    return CachePlan(hub, folder, cache_env(source, cache, offline), offline, reason, local,
-                     before)
-
-
-def writable(folder: str) -> bool:
-    return os.access(folder, os.W_OK | os.X_OK)
+        return False, "the model is a path: no hub involved"
+    if cache is None:
+        return False, "no cache volume: the pod's own file system"
+    if cache.read_only:
+        return True, "read-only cache: the hub is not asked (it cannot be written)"
+    if complete:
+        return True, "a previous pod loaded this model completely from the cache"
+    if has_files:
+        return False, "files in the cache, not known to be complete: the hub client checks them"
+    return False, "not in the cache yet: the hub client downloads it"

@@ -1,6 +1,6 @@
-"""mtp_runtime.model_cache and load_watch: where the hub client stores the model, whether the
-weights came from the cache, when vLLM may run offline, and what the exporter shows. (The real
-engine and hub client run against the cache in tests/engine_cache/.)"""
+"""mtp_runtime.model_cache, cache_files and load_watch: where the hub client stores the model,
+whether the weights came from the cache, when vLLM may run offline, and what the exporter shows.
+(The real engine and hub client run against the cache in tests/engine/test_model_cache.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtp_runtime import cli
+from mtp_runtime.cache_files import inventory, plan_cache, read_marker, write_marker
 from mtp_runtime.exporter import ExporterState, MTPExporter
 from mtp_runtime.load_watch import LoadWatch, finish_load
 from mtp_runtime.model_cache import (
@@ -19,12 +20,8 @@ from mtp_runtime.model_cache import (
     cache_env,
     compare,
     hub_cache_dir,
-    inventory,
     marker_path,
     model_dir,
-    plan_cache,
-    read_marker,
-    write_marker,
 )
 from mtp_runtime.pool_config import PoolConfig
 from mtp_runtime.vllm_command import ServeSettings
