@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,14 +190,16 @@ def model_files(folder: Path) -> dict[str, int]:
             and not any(part.startswith(".") for part in p.relative_to(folder).parts)}
 
 
-def hub_download(python: Path, endpoint: str, repo_id: str, cache_dir: Path,
-                 extra: Sequence[str] = ()) -> Path:
-    """The real huggingface_hub client (the engine venv's) downloading `repo_id` the way a
-    pre-fill Job does; returns the snapshot folder."""
-    code = ("import sys; from huggingface_hub import snapshot_download; "
-            "print(snapshot_download(sys.argv[1], cache_dir=sys.argv[2]))")
-    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"}
+def hub_download(python: Path, endpoint: str, repo_id: str, cache_dir: Path) -> Path:
+    """The real hub client's own CLI (`hf download`, from the engine venv that `python`
+    belongs to) filling `cache_dir` the way the README's pre-fill Job does; returns the
+    snapshot folder it reports."""
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
+           "NO_COLOR": "1"}
     env.pop("HF_HUB_OFFLINE", None)
-    out = subprocess.run([str(python), "-c", code, repo_id, str(cache_dir), *extra], env=env,
-                         capture_output=True, text=True, timeout=300, check=True)
-    return Path(out.stdout.strip().splitlines()[-1])
+    out = subprocess.run([str(python.parent / "hf"), "download", repo_id, "--cache-dir",
+                          str(cache_dir)], env=env, capture_output=True, text=True, timeout=300)
+    found = re.search(r"path: (\S+)", out.stdout)
+    if out.returncode != 0 or not found:
+        raise RuntimeError(f"hf download exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
+    return Path(found.group(1))
