@@ -176,13 +176,12 @@ class MTPExporter:
         st = self.state
         rows: dict[str, list[tuple[dict[str, object], float]]] = {n: [] for n in FAMILIES}
         for key, name in FIGURE_GAUGES.items():
-            value = fig.get(key)
-            if value is not None:
-                rows[name].append(({}, float(value)))  # type: ignore[arg-type]
-        positions = fig.get("position_acceptance_rate") or []
-        for j, value in enumerate(positions):  # type: ignore[arg-type]
-            rows["mtp_position_acceptance_rate"].append(({"position": str(j)}, value))
-        rows["mtp_window_drafts"].append(({}, float(fig.get("drafts") or 0.0)))  # type: ignore[arg-type]
+            value = fig[key]
+            if isinstance(value, int | float):
+                rows[name].append(({}, float(value)))
+        for j, rate in enumerate(fig.position_acceptance_rate):
+            rows["mtp_position_acceptance_rate"].append(({"position": str(j)}, rate))
+        rows["mtp_window_drafts"].append(({}, fig.drafts))
         rows["mtp_window_seconds"].append(({}, float(self.window.span_s)))
         if st.configured_k is not None:
             rows["mtp_num_speculative_tokens"].append(({}, float(st.configured_k)))

@@ -20,7 +20,8 @@ from typing import Literal
 DEFAULT_K = 3
 
 # Pool `source` values, as reported in MTPInference status.pools[].source.
-Source = Literal["profile", "override", "cap", "rollback", "off"]
+# Why a pool has its K (status.pools[].source, the CRD enum; the operator re-exports it).
+PoolSource = Literal["profile", "override", "cap", "rollback", "off"]
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class KRequest:
 @dataclass(frozen=True)
 class KResolution:
     k: int
-    source: Source
+    source: PoolSource
     reason: str
 
 

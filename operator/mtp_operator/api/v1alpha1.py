@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from mtp_runtime.gpu_profiles import PoolSource
+
 GROUP = "mtp-operator.io"
 VERSION = "v1alpha1"
 KIND = "MTPInference"
@@ -283,7 +285,6 @@ class MTPInferenceSpec(_Model):
 
 # ---- status -------------------------------------------------------------------------------
 
-PoolSource = Literal["profile", "override", "cap", "rollback", "off"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "SpeculationRolledBack"]
 
 

@@ -16,7 +16,6 @@ from typing import Any
 import kopf
 
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
-from mtp_operator.app import kopf_tweaks
 from mtp_operator.control.reconciler import Key, Reconciler, product_of
 from mtp_operator.naming import (
     LABEL_GPU_PRODUCT,
@@ -205,7 +204,6 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # objects of one kind (64 pool Deployments or pods) the operator deadlocks before its first
     # reconcile (kopf issue #1243). Workers are idle asyncio tasks, cheap at thousands.
     settings.queueing.worker_limit = None
-    kopf_tweaks.apply()  # start-up: O(n) instead of O(n^2) wake-ups while indexing
     # kopf builds every event's "essence" (a deep copy of the body, minus status) to diff it
     # for on.create/update/resume handlers and daemons. There are none here (see the module
     # doc), so nothing is built or stored: about a fifth of the operator's CPU at scale.
