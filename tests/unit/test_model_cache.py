@@ -4,12 +4,14 @@ real API server in tests/cluster/test_model_cache.py.)"""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from mtp_operator import builders
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
+from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.model_cache import cache_problems, effective, path_allowed
 from mtp_operator.planning import plan_pool
 from mtp_operator.render import RenderError, render_resource
@@ -22,6 +24,7 @@ from mtp_operator.settings import (
 from mtp_operator.validation import spec_problems
 from mtp_runtime.model_cache import ModelCache
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
+from support.fake_cluster import FakeKube, FakeView, mtpinference, node
 
 PVC = {"persistentVolumeClaim": {"claimName": "weights"}}
 HOST = {"hostPath": {"path": "/var/lib/mtp-models/qwen"}}
@@ -233,3 +236,38 @@ def test_settings_file(tmp_path) -> None:
         path.write_text(bad)
         with pytest.raises(SettingsFileError):
             load_settings(path)
+
+
+# ---- the reconciler (in-memory cluster) -----------------------------------------------------
+
+async def test_reconciler_waits_for_the_claim_and_keeps_the_pools() -> None:
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", "NVIDIA-H200")])
+    key = view.add(mtpinference("res", {"model": "org/model"}))
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: now)
+    await rec.reconcile(key)
+    view.deliver(kube, ready=True)
+    serving = kube.deployments()
+    applies = kube.count("apply")
+
+    view.resources[key]["spec"] = {"model": "org/model", "modelCache": PVC}
+    view.resources[key]["metadata"]["generation"] = 2
+    await rec.reconcile(key)
+    status = kube.statuses[key]
+    assert status["phase"] == "Invalid"
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "InvalidSpec"
+    assert degraded["message"].startswith(
+        "modelCache.persistentVolumeClaim.claimName: PersistentVolumeClaim weights does not "
+        f"exist in namespace {key[0]}"
+    )
+    assert kube.count("apply") == applies and kube.deployments() == serving
+
+    view.claims.add((key[0], "weights"))  # the user creates the claim
+    view.deliver(kube, ready=True)
+    await rec.reconcile(key)
+    (pool,) = kube.deployments().values()
+    pod = pool["spec"]["template"]["spec"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "weights"}} in \
+        pod["volumes"]
+    assert kube.statuses[key]["phase"] != "Invalid"
