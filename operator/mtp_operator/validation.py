@@ -42,6 +42,6 @@ def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None,
     try:
         spec = MTPInferenceSpec.model_validate(dict(raw_spec))
     except ValidationError as err:
-        found = {Problem(_field(e["loc"]), _message(e["msg"])) for e in err.errors()}
-        return None, sorted(found)
+        problems = {Problem(_field(e["loc"]), _message(e["msg"])) for e in err.errors()}
+        return None, sorted(problems)
     return spec, validate_spec(spec)

@@ -1,4 +1,4 @@
-"""mtp_runtime.model_cache, cache_files and load_watch: where the hub client stores the model,
+"""mtp_runtime.model_cache, cache_files and model_load: where the hub client stores the model,
 whether the weights came from the cache, when vLLM may run offline, and what the exporter shows.
 (The real engine and hub client run against the cache in tests/engine/test_model_cache.py.)"""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ import pytest
 from mtp_runtime import cli
 from mtp_runtime.cache_files import inventory, plan_cache, read_marker, write_marker
 from mtp_runtime.exporter import ExporterState, MTPExporter
-from mtp_runtime.load_watch import LoadWatch, finish_load
 from mtp_runtime.model_cache import (
     ModelCache,
     cache_env,
@@ -23,6 +21,7 @@ from mtp_runtime.model_cache import (
     marker_path,
     model_dir,
 )
+from mtp_runtime.model_load import ModelLoad, finish_load
 from mtp_runtime.pool_config import PoolConfig
 from mtp_runtime.vllm_command import ServeSettings
 
@@ -150,39 +149,22 @@ def test_finish_load_reports_and_leaves_the_marker(tmp_path) -> None:
         is None
 
 
-def test_load_watch_times_the_first_healthy_answer() -> None:
-    now = [100.0]
-    answers = iter([False, False, True])
-    done = threading.Event()
-    got: list[float] = []
-
-    def probe(url: str) -> bool:
-        assert url == "http://127.0.0.1:8000/health"
-        now[0] += 5.0
-        return next(answers)
-
-    def ready(seconds: float) -> None:
-        got.append(seconds)
-        done.set()
-
-    watch = LoadWatch("http://127.0.0.1:8000/health", ready, poll_s=0, clock=lambda: now[0],
-                      probe=probe).start()
-    assert done.wait(5)
-    watch.stop()
-    assert got == [15.0] and watch.seconds == 15.0
-
-
-def test_load_watch_gives_up_when_vllm_exits() -> None:
-    class Exited:
-        def poll(self) -> int:
-            return 1
-
-    calls: list[str] = []
-    watch = LoadWatch("http://x/health", lambda s: calls.append("ready"),
-                      probe=lambda u: calls.append("probe") or True)
-    watch.start(Exited())  # type: ignore[arg-type]
-    watch.stop()
-    assert calls == [] and watch.seconds is None
+def test_model_load_reports_once_ready(tmp_path) -> None:
+    cache = ModelCache(str(tmp_path), "hostPath")
+    lines: list[tuple[str, dict]] = []
+    load = ModelLoad(ServeSettings(model=MODEL, num_speculative_tokens=1), cache, {},
+                     lambda event, **kw: lines.append((event, kw)))
+    assert load.env["HF_HUB_CACHE"] == str(tmp_path / "huggingface" / "hub")
+    load.announce()
+    assert lines[0][0] == "model_cache" and lines[0][1]["offline"] is False
+    _fill(cache, {"model.safetensors": b"w" * 10})  # what vLLM's hub client downloads
+    state = ExporterState()
+    report = load.ready(12.5, state)
+    assert report.origin == "download" and lines[-1][0] == "model_loaded"
+    assert lines[-1][1]["seconds"] == 12.5 and lines[-1][1]["cache"] == "hostPath"
+    assert (state.model_load_seconds, state.model_origin, state.model_cache) == (
+        12.5, "download", "hostPath")
+    assert state.model_downloaded_bytes == report.downloaded_bytes == 50  # + refs/main
 
 
 def test_exporter_shows_the_load_only_once_known() -> None:

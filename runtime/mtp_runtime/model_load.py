@@ -1,81 +1,22 @@
 """How long vLLM took to load, and where its weights came from.
 
-`LoadWatch` polls vLLM's `/health` from the moment the child starts until it first answers
-200 (vLLM answers only once the engine and the weights are loaded), then hands the seconds to
-a callback; it gives up silently when the child exits first. `ModelLoad` is one start's
-cache: the variables for vLLM, the `model_cache` log line before the start, and at Ready the
-`model_loaded` line and the exporter's figures. `finish_load()` turns the cache's files before
-and after into that report and leaves the "loaded completely" marker in a writable cache.
-Standard library only.
+`ModelLoad` is one start's model cache: the variables for vLLM, the `model_cache` log line
+before the start, and — when vLLM's `/health` first answers (the runtime's health watch,
+`engine.HealthWatch`, calls `ready()` with the seconds since the start; vLLM answers only once
+the engine and the weights are loaded) — the `model_loaded` line and the exporter's figures.
+`finish_load()` turns the cache's files before and after into that report and leaves the
+"loaded completely" marker in a writable cache. Standard library only.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 
 from mtp_runtime.cache_files import CachePlan, inventory, plan_cache, writable, write_marker
 from mtp_runtime.exporter import ExporterState
 from mtp_runtime.model_cache import LoadReport, ModelCache, compare
 from mtp_runtime.vllm_command import ServeSettings
-
-DEFAULT_POLL_S = 0.25
-
-
-def health_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-class LoadWatch:
-    def __init__(
-        self,
-        health_url: str,
-        on_ready: Callable[[float], None],
-        *,
-        poll_s: float = DEFAULT_POLL_S,
-        clock: Callable[[], float] = time.monotonic,
-        probe: Callable[[str], bool] = health_ok,
-    ) -> None:
-        self.health_url = health_url
-        self.on_ready = on_ready
-        self.poll_s = poll_s
-        self.clock = clock
-        self.probe = probe
-        self.started = clock()  # reset by start(): the moment the child exists
-        self.seconds: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, proc: subprocess.Popen[bytes] | None = None) -> LoadWatch:
-        self.started = self.clock()
-        self._thread = threading.Thread(target=self._run, args=(proc,), daemon=True,
-                                        name="mtp-load-watch")
-        self._thread.start()
-        return self
-
-    def _run(self, proc: subprocess.Popen[bytes] | None) -> None:
-        while not self._stop.is_set():
-            if proc is not None and proc.poll() is not None:
-                return  # vLLM exited before it was ever healthy
-            if self.probe(self.health_url):
-                self.seconds = self.clock() - self.started
-                self.on_ready(self.seconds)
-                return
-            self._stop.wait(self.poll_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
 
 
 def finish_load(
