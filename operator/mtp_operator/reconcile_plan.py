@@ -69,12 +69,12 @@ def plan_pass(
 ) -> PassPlan:
     """The pools a resource should have now (spec, GPU nodes, rollback pins in status), and
     the fate of the `existing` pools (by GPU product) no node fits now."""
-    found = list(problems)
+    blocking = list(problems)
     rollback = pool_rollback_state(previous, metadata, metadata.get("generation"), now)
     reason = REASON_INVALID_SPEC
     plans: list[PoolPlan] = []
     fates: list[PoolFate] = []
-    if spec is not None and not found:
+    if spec is not None and not blocking:
         nodes = list(nodes)
         products = fitting_products(spec, nodes)
         fates = pool_fates(
@@ -83,13 +83,13 @@ def plan_pass(
         if not products and not any(f.action == "retain" for f in fates):
             # Keep what serves now (a bad edit must not tear pools down); say why. Pools of
             # products no node carries any more still go after their grace period.
-            found, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
+            blocking, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
             fates = [f for f in fates if f.reason == RETAINED_PRODUCT_GONE]
         try:
             plans = [plan_pool(spec, p, gpu_profiles, rollback.k_for(p)) for p in products]
         except PlanError as err:
-            found = list(err.problems)
-    return PassPlan(spec, plans, found, reason, rollback, fates)
+            blocking = list(err.problems)
+    return PassPlan(spec, plans, blocking, reason, rollback, fates)
 
 
 def gone_since(status: MTPInferenceStatus) -> dict[str, datetime]:
