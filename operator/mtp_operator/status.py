@@ -19,7 +19,7 @@ from mtp_operator.naming import (
     product_slug,
 )
 from mtp_operator.planning import PoolPlan
-from mtp_runtime.gpu_profiles import product_family
+from mtp_runtime.gpu_profiles import product_kind_label
 from mtp_runtime.problems import Problem, problems_text
 
 MAX_REMOVED_POOLS = 10
@@ -47,7 +47,8 @@ def observe_deployment(body: Mapping[str, Any]) -> ObservedPool:
 
 
 def short_product(product: str) -> str:
-    return product_family(product) or product_slug(product).upper()
+    """The POOLS column's name: the family, with a MIG slice or sharing kept visible."""
+    return product_kind_label(product) or product_slug(product).upper()
 
 
 @dataclass

@@ -78,6 +78,36 @@ def base_product(product: str) -> str:
     return _SUFFIXES.sub("", normalize_product(product))
 
 
+_MIG_SLICE = re.compile(r"-MIG-(\d+)g\.", re.IGNORECASE)
+_MIG_SLICES_PER_CARD = {"A30": 4}  # compute slices of a whole card; 7 for A100/H100/H200/...
+
+
+def share_of_card(product: str) -> tuple[float, str] | None:
+    """(share of the card's compute, how) for a MIG slice or a time-shared product, else None.
+
+    `...-MIG-1g.5gb` on a 7-slice card → (1/7, "a 1g MIG slice"); `...-SHARED` (time-slicing:
+    several pods on one GPU, how many is not in the name) → (1/2, "a time-shared GPU").
+    """
+    m = _MIG_SLICE.search(product)
+    if m:
+        slices = _MIG_SLICES_PER_CARD.get(product_family(product) or "", 7)
+        n = min(int(m.group(1)), slices)
+        return n / slices, f"a {n}g MIG slice ({n}/{slices} of the card's compute)"
+    if product.upper().endswith("-SHARED"):
+        return 0.5, "a time-shared GPU (at most half the card's compute)"
+    return None
+
+
+def product_kind_label(product: str) -> str:
+    """A short name that tells slices and shared GPUs from whole cards (`kubectl get mtpi`):
+    `A100`, `A100-MIG-1g.5gb`, `H200-SHARED`."""
+    family = product_family(product)
+    if family is None:
+        return ""
+    suffix = _SUFFIXES.search(normalize_product(product))
+    return family + (suffix.group(1) if suffix else "")
+
+
 def product_family(product: str) -> str | None:
     """The family token of a GFD product string (`NVIDIA-H100-80GB-HBM3` → `H100`), if known."""
     base = base_product(product)
@@ -202,6 +232,16 @@ def resolve_k(
         k, source = default_k(product, cluster_overrides), "profile"
         family = product_family(product) or "other GPUs"
         reason = f"GPU profile for {family}"
+        share = share_of_card(product)
+        exact = cluster_overrides and any(
+            normalize_product(key).lower() == normalize_product(product).lower()
+            for key in cluster_overrides
+        )
+        if share is not None and not exact and k > 0:
+            # the table's K is for a whole card: verification needs spare compute, and a slice
+            # or a shared GPU has only its share of it
+            k = max(1, int(k * share[0]))
+            reason = f"{reason}, scaled to {share[1]}"
 
     if cap is not None and k > cap:
         k, source, reason = cap, "cap", f"{reason}, capped by maxSpeculativeTokens={cap}"

@@ -258,8 +258,10 @@ def test_rolled_back_pool() -> None:
 def test_summary_uses_short_product_names() -> None:
     products = ["NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "NVIDIA-RTX-PRO-6000", "Tesla-T4"]
     status = build_status(_input(_plans(products=products), {}), T0)
-    assert status["poolsSummary"] == "A100:4 RTX-PRO-6000:3 T4:1"
-    assert short_product("NVIDIA-H200-SHARED") == "H200"
+    # a MIG slice is told from its card, and plans the K of its share (1/7 of an A100's 4)
+    assert status["poolsSummary"] == "A100-MIG-1g.5gb:1 RTX-PRO-6000:3 T4:1"
+    assert short_product("NVIDIA-H200-SHARED") == "H200-SHARED"
+    assert short_product("NVIDIA-H200") == "H200"
 
 
 def _invalid_input(previous: dict[str, Any], **kw: Any) -> StatusInput:

@@ -197,8 +197,10 @@ def test_no_fit_problem_names_the_field() -> None:
         ({}, A100, 4, "profile", "auto"),
         ({}, L40S, 2, "profile", "auto"),
         ({}, "NVIDIA-RTX-PRO-6000", 3, "profile", "auto"),  # not in the table: the default
-        ({}, MIG, 4, "profile", "auto"),  # a MIG slice keeps its card's family
-        ({}, SHARED, 6, "profile", "auto"),
+        ({}, MIG, 1, "profile", "auto"),  # a 1g slice: 1/7 of an A100's K 4, at least 1
+        ({}, SHARED, 3, "profile", "auto"),  # time-shared: half of H200's K 6
+        ({}, "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb", 2, "profile", "auto"),  # 3/7 of 6
+        ({}, "NVIDIA-H100-80GB-HBM3-MIG-7g.80gb", 6, "profile", "auto"),  # the whole card
         ({"numSpeculativeTokens": 3}, H100, 3, "override", "fixed"),
         ({"numSpeculativeTokens": 3}, L40S, 3, "override", "fixed"),
         ({"profiles": {"H100": 5}}, H100, 5, "override", "auto"),
