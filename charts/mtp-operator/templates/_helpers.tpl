@@ -77,4 +77,5 @@ modelCache:
   default: {{ toJson . }}
 {{- end }}
   allowedHostPaths: {{ toJson (.Values.modelCache.allowedHostPaths | default list) }}
+poolRemovalGraceSeconds: {{ .Values.poolRemovalGraceSeconds }}
 {{- end -}}
