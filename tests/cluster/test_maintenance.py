@@ -151,3 +151,38 @@ def test_node_view_follows_relabels_and_gpu_capacity(kubectl, namespace, start_o
                         15, message="capacity 0 leaves the view")
     finally:
         kubectl("delete", "node", name, "--ignore-not-found")
+
+
+def test_fields_added_by_hand_to_a_pool_are_reverted(kubectl, namespace, start_operator):
+    """Drift is every field: an added env entry, args, a volume and a sidecar (kubectl patch,
+    another field manager) go again; server-side apply alone would keep them."""
+    start_operator("--namespace", namespace, "--no-evaluator")
+    mtpi_helpers.apply(kubectl, namespace, "added", gpuProducts=[A100])
+    mtpi_helpers.wait_ready(kubectl, namespace, "added")
+    dep = _deployments(kubectl, namespace)[A100]
+    name = dep["metadata"]["name"]
+    pod = dep["spec"]["template"]["spec"]
+    patch = {"spec": {"template": {"spec": {
+        "containers": [
+            {"name": "vllm", "args": ["--enforce-eager"],
+             "env": [{"name": "HAND_ADDED", "value": "1"}]},
+            {"name": "sidecar", "image": "busybox:1"},
+        ],
+        "volumes": [{"name": "extra", "emptyDir": {}}],
+    }}}}
+    kubectl("patch", "deployment", name, "-n", namespace, "--type=strategic",
+            "-p", json.dumps(patch))
+
+    def reverted():
+        now = _deployments(kubectl, namespace)[A100]["spec"]["template"]["spec"]
+        names = [c["name"] for c in now["containers"]]
+        c0 = now["containers"][0]
+        return (names == ["vllm"] and "args" not in c0
+                and "HAND_ADDED" not in {e["name"] for e in c0.get("env") or []}
+                and [v["name"] for v in now["volumes"]] == [v["name"] for v in pod["volumes"]])
+
+    wait_for(reverted, 30, message="added fields reverted")
+    msgs = _events(kubectl, namespace, "ManualChangeReverted")
+    assert any("added" in m and "sidecar" in m for m in msgs), msgs
+    time.sleep(3)  # and no hot loop: nothing more to revert
+    assert len(_events(kubectl, namespace, "ManualChangeReverted")) == len(msgs)
