@@ -87,7 +87,8 @@ async def test_kopf_runs_only_while_the_crd_is_served(caplog) -> None:
         stopped.set()
 
     task = asyncio.create_task(
-        run_with_crd(probe, kopf, lambda: pauses.append(h.crd_served), h, poll=0.001)
+        run_with_crd(probe, kopf, lambda: pauses.append(h.crd_served), h, poll=0.001,
+                     gone_after=0.0)
     )
     await asyncio.wait_for(second.wait(), 5)
     assert starts == [True, True] and stopped.is_set() and pauses == [False]
@@ -112,3 +113,27 @@ async def test_when_kopf_itself_fails_the_error_reaches_the_caller() -> None:
 
     with pytest.raises(RuntimeError, match="for good"):
         await run_with_crd(probe, kopf, lambda: None, h, poll=0.001)
+
+
+async def test_a_short_404_blip_while_running_is_no_deletion() -> None:
+    """Right after an API server restart a custom resource reads as unknown for a moment."""
+    h = Health(lambda: True)
+    answers = iter([True, False, False, True] + [True] * 10_000)
+    pauses: list[bool] = []
+    started: list[int] = []
+
+    async def probe() -> bool:
+        return next(answers, True)
+
+    async def kopf(stop: asyncio.Event) -> None:
+        started.append(1)
+        await stop.wait()
+
+    task = asyncio.create_task(
+        run_with_crd(probe, kopf, lambda: pauses.append(True), h, poll=0.001, gone_after=5.0)
+    )
+    await asyncio.sleep(0.2)
+    assert started == [1] and pauses == [] and h.crd_served
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
 HEALTHY_AFTER = 60.0  # a task that ran this long before failing starts the backoff anew
 CRD_POLL_SECONDS = 2.0
+CRD_GONE_SECONDS = 10.0  # a CRD unserved this long while running counts as deleted
 
 
 class Health:
@@ -79,6 +80,7 @@ async def run_with_crd(
     on_pause: Callable[[], None],
     health: Health,
     poll: float = CRD_POLL_SECONDS,
+    gone_after: float = CRD_GONE_SECONDS,
 ) -> None:
     """Run kopf while the CRD is served; returns (or raises) when kopf itself ends."""
     waiting_logged = False
@@ -99,10 +101,20 @@ async def run_with_crd(
         health.crd_served = True
         stop = asyncio.Event()
         operator = asyncio.ensure_future(run_kopf(stop))
+        loop = asyncio.get_running_loop()
+        missing_since: float | None = None
         try:
             while not operator.done():
                 await asyncio.wait({operator}, timeout=poll)
-                if not operator.done() and not await _served(crd_served):
+                if operator.done():
+                    break
+                if await _served(crd_served):
+                    missing_since = None
+                    continue
+                # right after an API server restart a custom resource reads as unknown for a
+                # moment: only a CRD missing for `gone_after` seconds is a deleted one
+                missing_since = loop.time() if missing_since is None else missing_since
+                if loop.time() - missing_since >= gone_after:
                     break
             if operator.done():
                 return operator.result()
