@@ -153,7 +153,12 @@ def _node(name: str, product: str) -> str:
     })
 
 
-def test_new_gpu_product_adds_a_pool_and_its_removal_removes_it(kubectl, namespace, operator):
+def test_new_gpu_product_adds_a_pool_and_its_removal_removes_it(kubectl, namespace,
+                                                               start_operator, tmp_path):
+    # a product gone from every node keeps its pool for the grace period (test_maintenance.py)
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("poolRemovalGraceSeconds: 2\n")
+    start_operator("--namespace", namespace, "--no-evaluator", "--settings", str(settings))
     product = f"NVIDIA-B200-T{uuid.uuid4().hex[:4].upper()}"
     apply(kubectl, namespace, mtpi("nodes"))
     wait_ready(kubectl, namespace, "nodes")
