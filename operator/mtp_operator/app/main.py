@@ -120,7 +120,20 @@ async def _serve_metrics(address: str, health: Health) -> web.AppRunner:
     return runner
 
 
+class _NotFoundWithoutTraceback(logging.Filter):
+    """kopf logs a watch that hits a deleted CRD (404) with two tracebacks; the operator
+    pauses on it (control/supervision.py), so one line each is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        if err is not None and type(err).__name__ == "APINotFoundError":
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 async def run(opts: RunOptions) -> int:
+    for name in ("kopf._core.reactor.orchestration", "kopf._core.reactor.running"):
+        logging.getLogger(name).addFilter(_NotFoundWithoutTraceback())
     client = AsyncClient(field_manager="mtp-operator")
     kube = KubeClient(client)
     view = handlers.KopfView()

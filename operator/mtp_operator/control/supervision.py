@@ -117,7 +117,10 @@ async def run_with_crd(
                 if loop.time() - missing_since >= gone_after:
                     break
             if operator.done():
-                return operator.result()
+                failed = not operator.cancelled() and operator.exception() is not None
+                if not failed or await _served(crd_served):
+                    return operator.result()
+                # kopf's watch hit the missing CRD first (a 404): a pause, not a failure
         except BaseException:
             operator.cancel()
             raise
