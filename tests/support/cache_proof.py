@@ -104,6 +104,8 @@ def pool_start(
     workdir: Path | None = None,
 ) -> Start:
     workdir = Path(tempfile.mkdtemp(prefix=f"pod-{label}-", dir=workdir))
+    # vLLM puts its ZeroMQ sockets in TMPDIR; their paths must stay under 108 characters
+    tmp = Path(tempfile.mkdtemp(prefix="mtp-pod-", dir="/tmp"))
     home = workdir / "home"  # the new container's own file system
     home.mkdir()
     port, exporter_port = free_port(), free_port()
@@ -113,7 +115,7 @@ def pool_start(
            if not k_.startswith(("HF_", "HUGGINGFACE_", "MODELSCOPE_", "VLLM_", "MTP_"))}
     env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), HF_ENDPOINT=hub.endpoint,
                HF_HUB_DISABLE_TELEMETRY="1", MTP_RUNTIME_VLLM=str(vllm),
-               MTP_RUNTIME_DEVICE="cpu", PYTHONUNBUFFERED="1", TMPDIR=str(workdir))
+               MTP_RUNTIME_DEVICE="cpu", PYTHONUNBUFFERED="1", TMPDIR=str(tmp))
     before = len(hub.snapshot())
     cmd = [sys.executable, "-m", "mtp_runtime.cli", "serve", "--config", str(config_path),
            "--exporter-host", "127.0.0.1",
@@ -171,6 +173,7 @@ def pool_start(
                 proc.wait()
         reader.join(timeout=5)
         shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     done = next(e for e in events if e["event"] == "model_loaded")
     requests = hub.snapshot()[before:]
     return Start(
