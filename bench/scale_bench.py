@@ -32,6 +32,7 @@ from scale_cluster import (
     nodes_file,
     quantiles,
     resource_doc,
+    sandbox_products,
 )
 from scale_common import (
     CRD,
@@ -48,7 +49,6 @@ from scale_measure import Audit, Phase, Requests, cpu_seconds, peak_rss_mib
 from scale_results import write_results
 
 from mtp_operator.adapters.kube import MTPInferenceResource
-from mtp_operator.render import DEFAULT_PRODUCTS
 from support.operator_proc import OperatorProcess
 
 
@@ -341,11 +341,11 @@ class Bench:
         self.result.update(
             started=datetime.now(UTC).isoformat(timespec="seconds"),
             settings={
-                "nodes": a.nodes_per_product * len(DEFAULT_PRODUCTS),
-                "gpu_products": list(DEFAULT_PRODUCTS),
+                "nodes": a.nodes_per_product * len(sandbox_products()),
+                "gpu_products": sandbox_products(),
                 "gpus_per_node": 8,
                 "resources": a.resources,
-                "pools": a.resources * len(DEFAULT_PRODUCTS),
+                "pools": a.resources * len(sandbox_products()),
                 "tensor_parallel_size": 1,
                 "replicas": 1,
                 "client_concurrency": a.concurrency,

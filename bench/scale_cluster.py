@@ -15,7 +15,15 @@ import yaml
 from lightkube import ApiError, AsyncClient, codecs
 from scale_common import FIELD_MANAGER, FLOOR_NS, OP_NS, log
 
-from mtp_operator.render import DEFAULT_PRODUCTS, render_resource
+from mtp_operator.render import render_resource
+
+
+def sandbox_products() -> list[str]:
+    """The GPU products of the sandbox's nodes (tests/sandbox/nodes.yaml), sorted."""
+    from sandbox import NODES_YAML
+
+    spec = yaml.safe_load(NODES_YAML.read_text())
+    return sorted({p["product"] for p in spec["pools"] if p.get("product")})
 
 
 def nodes_file(path: Path, per_product: int) -> Path:
@@ -26,7 +34,6 @@ def nodes_file(path: Path, per_product: int) -> Path:
     for pool in spec["pools"]:
         pool["count"] = per_product
         pool["gpus"] = 8
-    assert {p["product"] for p in spec["pools"]} == set(DEFAULT_PRODUCTS)
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -44,7 +51,7 @@ def floor_objects(names: Iterable[str]) -> list[dict[str, Any]]:
     """What the operator would create, pre-rendered; no owner (the GC would delete them)."""
     out = []
     for name in names:
-        for obj in render_resource(resource_doc(name), DEFAULT_PRODUCTS):
+        for obj in render_resource(resource_doc(name), sandbox_products()):
             obj = copy.deepcopy(obj)
             obj["metadata"]["namespace"] = FLOOR_NS
             obj["metadata"].pop("ownerReferences", None)

@@ -54,6 +54,10 @@ DEFAULT_PROFILES: tuple[GPUProfile, ...] = (
     GPUProfile("T4", 1, "Turing inference card with little compute: one token at most"),
 )
 
+# The cards the field report measured (the table's first three rows), as GPU Feature
+# Discovery names them: what `mtp-operator render` plans pools for when it is told no product.
+FIELD_REPORT_PRODUCTS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S")
+
 _SUFFIXES = re.compile(r"(-MIG-.*|-SHARED)$", re.IGNORECASE)
 
 

@@ -40,8 +40,8 @@ class Evaluator:
             body = view.resource(key)
             if body is None:
                 continue
-            spec, found = spec_problems(body.get("spec") or {})
-            if spec is None or found or not spec.rollback.enabled:
+            spec, problems = spec_problems(body.get("spec") or {})
+            if spec is None or problems or not spec.rollback.enabled:
                 continue
             for pool in reconciler.current_status(key, body).pools:
                 ref = PoolRef(key[0], key[1], pool.gpu_product)
