@@ -136,14 +136,15 @@ def markdown(result: dict) -> str:
                      f"{r['speedup_vs_k0']:.2f} | {cpu if cpu else '—'} | "
                      f"{f'{eff:.2f}' if eff else '—'} |")
     lines += ["", "Best K by output tokens/s: "
-              + ", ".join(f"{k} → {v}" for k, v in result["best_k"].items()),
-              "; by output tokens per engine CPU-second: "
+              + ", ".join(f"{k} → {v}" for k, v in result["best_k"].items())
+              + "; by output tokens per engine CPU-second: "
               + ", ".join(f"{k} → {v}" for k, v in result["best_k_cpu"].items()), "",
               "Tokens per engine CPU-second: output tokens over the CPU time (user + system) "
               "the engine's processes used during the batch; on a shared machine it varies "
               "less with outside load than wall-clock tokens/s.", "",
-              "Engine start-up (to /health 200) per K, seconds: "
-              + ", ".join(f"K={k}: {s}" for k, s in result["startup_s"].items()), ""]
+              "Engine start-up (to /health 200; all engines started at once) per K, seconds: "
+              + ", ".join(f"K={k}: {s}" for k, s in result["startup_s"].items())
+              + (f" ({result['startup_note']})" if result.get("startup_note") else ""), ""]
     return "\n".join(lines)
 
 
