@@ -71,6 +71,16 @@ PRUNE = [
     ("vllm-*.dist-info/RECORD", "install record (not needed to import)"),
 ]
 FATBIN_TARGET = 90  # sm_90: H100, H200, GH200
+# Edits to vLLM's own files that the pruning needs: (path, text, replacement, reason).
+PATCHES = [
+    ("vllm/vllm_flash_attn/__init__.py",
+     "if not (FA2_AVAILABLE or FA3_AVAILABLE):\n    raise ImportError(",
+     "if False:  # bundle: both extensions pruned; the FlashAttention backend reports itself\n"
+     "    # unsupported and the run uses TRITON_ATTN\n    raise ImportError(",
+     "vllm.v1.attention.backends.fa_utils imports this package unconditionally on CUDA "
+     "(also when another attention backend is chosen); without the FA extensions it would "
+     "raise at import"),
+]
 
 
 def norm(name: str) -> str:
@@ -167,14 +177,86 @@ def unpack(wheel: Path, dest: Path, prune: list[tuple[str, str]] | None = None
     return pruned
 
 
+def apply_patches(tree: Path) -> list[dict[str, str]]:
+    done = []
+    for rel, old, new, why in PATCHES:
+        path = tree / rel
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise SystemExit(f"build_bundle: patch for {rel} does not apply (vLLM changed?)")
+        path.write_text(text.replace(old, new))
+        done.append({"path": rel, "why": why})
+    return done
+
+
+def build_patches(version: str, out: Path) -> int:
+    """extra-vllm-patches.tar.xz: only the patched vLLM files (a quick top-up)."""
+    vwheel = vllm_wheel(version, CACHE / "wheels")
+    stage = CACHE / "stage-patches"
+    shutil.rmtree(stage, ignore_errors=True)
+    tree = stage / "dists" / "vllm"
+    with zipfile.ZipFile(vwheel) as z:
+        for rel, *_ in PATCHES:
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tree / rel).write_bytes(z.read(rel))
+    patches = apply_patches(tree)
+    (stage / "manifest.json").write_text(json.dumps({"vllm": version, "patches": patches}))
+    out.mkdir(parents=True, exist_ok=True)
+    bundle = out / "extra-vllm-patches.tar.xz"
+    pack(stage, bundle)
+    print(f"patch bundle {bundle} {bundle.stat().st_size} bytes")
+    return 0
+
+
+def pack(stage: Path, bundle: Path) -> None:
+    tmp = bundle.with_suffix("")  # .tar
+    with tarfile.open(tmp, "w") as tar:
+        tar.add(stage / "manifest.json", arcname="manifest.json")
+        tar.add(stage / "dists", arcname="dists")
+    xz = shutil.which("xz")
+    if xz:
+        subprocess.run([xz, "-9", "-T0", "-f", str(tmp)], check=True)
+    else:  # stdlib fallback, single-threaded
+        import lzma
+        with open(tmp, "rb") as src, lzma.open(bundle, "wb", preset=9) as dst:
+            shutil.copyfileobj(src, dst)
+        tmp.unlink()
+
+
+def build_extra(specs: list[str], out: Path) -> int:
+    pins = [(norm(s.split("==")[0]), s.split("==")[1]) for s in specs]
+    files = download(pins, CACHE / "wheels")
+    stage = CACHE / "stage-extra"
+    shutil.rmtree(stage, ignore_errors=True)
+    (stage / "dists").mkdir(parents=True)
+    for n, w in files.items():
+        unpack(w, stage / "dists" / n)
+    (stage / "manifest.json").write_text(json.dumps(
+        {"vllm": None, "dists": [{"name": n, "version": v} for n, v in pins]}, indent=1))
+    out.mkdir(parents=True, exist_ok=True)
+    bundle = out / f"extra-{pins[0][0]}.tar.xz"
+    pack(stage, bundle)
+    print(f"extra bundle {bundle} {bundle.stat().st_size / 2**20:.2f} MiB")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vllm", default="0.26.0", help="vLLM version (default 0.26.0)")
     ap.add_argument("--out", default=str(HERE.parent.parent / ".gpu-carry"))
     ap.add_argument("--machine-packages", default=str(HERE / "h200-packages.txt"),
                     help="distributions the GPU machine already has (one a line)")
+    ap.add_argument("--extra", nargs="+", metavar="NAME==VERSION", default=None,
+                    help="only build extra-<first name>.tar.xz with these distributions (a "
+                    "quick top-up the installer applies after the main bundle)")
+    ap.add_argument("--patches-only", action="store_true",
+                    help="only build extra-vllm-patches.tar.xz (the patched vLLM files)")
     args = ap.parse_args()
     t0 = time.time()
+    if args.extra:
+        return build_extra(args.extra, Path(args.out))
+    if args.patches_only:
+        return build_patches(args.vllm, Path(args.out))
     cache = CACHE / f"vllm-{args.vllm}"
     wheels = CACHE / "wheels"
     cache.mkdir(parents=True, exist_ok=True)
@@ -193,6 +275,7 @@ def main() -> int:
     shutil.rmtree(stage, ignore_errors=True)
     (stage / "dists").mkdir(parents=True)
     pruned = unpack(vwheel, stage / "dists" / "vllm", PRUNE)
+    patches = apply_patches(stage / "dists" / "vllm")
     fatbins = {}
     for so in sorted((stage / "dists" / "vllm").rglob("*.so")):
         try:
@@ -209,6 +292,7 @@ def main() -> int:
         + [{"name": n, "version": v, "wheel": files[n].name} for n, v in pins],
         "not_carried": skipped,
         "pruned": pruned,
+        "patches": patches,
         "fatbin_target_sm": FATBIN_TARGET,
         "fatbins": fatbins,
     }
@@ -217,19 +301,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     bundle = out / "vllm-bundle.tar.xz"
-    tmp = out / "vllm-bundle.tar"
-    with tarfile.open(tmp, "w") as tar:
-        tar.add(stage / "manifest.json", arcname="manifest.json")
-        tar.add(stage / "dists", arcname="dists")
-    xz = shutil.which("xz")
-    if xz:
-        subprocess.run([xz, "-9", "-T0", "-f", str(tmp)], check=True)
-        tmp.with_suffix(".tar.xz").replace(bundle)
-    else:  # stdlib fallback, single-threaded
-        import lzma
-        with open(tmp, "rb") as src, lzma.open(bundle, "wb", preset=9) as dst:
-            shutil.copyfileobj(src, dst)
-        tmp.unlink()
+    pack(stage, bundle)
     shutil.copy(stage / "manifest.json", out / "manifest.json")
     shutil.copy(HERE / "install_bundle.py", out / "install_bundle.py")
     size = bundle.stat().st_size

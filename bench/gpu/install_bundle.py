@@ -1,6 +1,6 @@
 """Install the GPU carry bundle (vLLM + the distributions the machine lacks) with no network.
 
-    python3 install_bundle.py vllm-bundle.tar.xz --target /tmp/vllm-site
+    python3 install_bundle.py vllm-bundle.tar.xz [extra-*.tar.xz ...] --target /tmp/vllm-site
 
 Stdlib only (it runs on the GPU machine, where nothing can be fetched). Each distribution in the
 bundle is unpacked into --target unless the running Python already has it, so the machine's
@@ -72,10 +72,13 @@ def write_scripts(target: Path, names: list[str]) -> list[str]:
             module, _, attr = spec.strip().partition(":")
             attr = attr.split("[")[0].strip()
             path = bindir / script
+            # the __main__ guard matters: vLLM starts its engine core with multiprocessing's
+            # "spawn", which re-imports the main script in the child
+            call = "_entry" + "".join("." + a for a in attr.split(".")[1:])
             path.write_text(
-                f"#!{sys.executable}\nimport sys\nfrom {module.strip()} import "
-                f"{attr.split('.')[0]} as _entry\n"
-                f"sys.exit(_entry{''.join('.' + a for a in attr.split('.')[1:])}())\n")
+                f"#!{sys.executable}\nimport sys\n"
+                f"from {module.strip()} import {attr.split('.')[0]} as _entry\n\n"
+                f"if __name__ == \"__main__\":\n    sys.exit({call}())\n")
             path.chmod(0o755)
             made.append(script)
     return made
@@ -130,12 +133,22 @@ def install(bundle: Path, target: Path, force: bool = False) -> dict[str, object
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("bundle", type=Path)
+    ap.add_argument("bundle", type=Path, nargs="+",
+                    help="bundles (same layout: manifest.json, dists/<name>/...), in order")
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--force", action="store_true",
                     help="install every distribution, even those the machine has")
     args = ap.parse_args()
-    result = install(args.bundle, args.target, args.force)
+    result: dict[str, object] = {}
+    for bundle in args.bundle:
+        one = install(bundle, args.target, args.force)
+        if result:
+            earlier = list(result["installed"])  # type: ignore[call-overload]
+            one["installed"] = earlier + [d for d in one["installed"]  # type: ignore[attr-defined]
+                                          if d not in earlier]
+            one["vllm"] = result["vllm"] or one["vllm"]
+        result = one
+    (args.target / "bundle-install.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "installed"}, indent=1))
     print(f"installed {len(result['installed'])} distributions: "  # type: ignore[arg-type]
           + " ".join(result["installed"]))  # type: ignore[arg-type]

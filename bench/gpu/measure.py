@@ -35,7 +35,7 @@ from pathlib import Path
 
 import traffic  # type: ignore[import-not-found]  # tests/engine/traffic.py, carried alongside
 
-from mtp_runtime import gpu_profiles, metrics
+from mtp_runtime import exposition, figures, gpu_profiles
 
 PORT = 8000
 EXPORTER_PORT = 9400
@@ -49,7 +49,7 @@ def get(url: str, timeout: float = 10.0) -> str:
 
 
 def counter_sum(text: str, name: str) -> float:
-    return sum(s.value for s in metrics.parse_exposition(text).samples if s.name == name)
+    return sum(s.value for s in exposition.parse_exposition(text).samples if s.name == name)
 
 
 def pool_config(model: str, k: int | None, extra: list[str]) -> dict:
@@ -104,6 +104,19 @@ class Server:
         return self.proc.returncode
 
 
+def wait_exporter_up(timeout: float) -> bool:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            text = get(f"http://127.0.0.1:{EXPORTER_PORT}/metrics", timeout=2)
+            if counter_sum(text, "mtp_runtime_vllm_up") == 1.0:
+                return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
 def drive(cls: str, concurrency: int, n: int, max_tokens: int, seed: int) -> dict:
     prompts = traffic.prompts(cls, n, seed=seed)
     base = f"http://127.0.0.1:{PORT}"
@@ -140,7 +153,7 @@ def run_point(k: int, cls: str, conc: int, args: argparse.Namespace, store: dict
     tag = f"k{k}-{cls}-c{conc}"
     store[f"{tag}-before.prom"] = before
     store[f"{tag}-after.prom"] = after
-    fig = metrics.figures(after, before)
+    fig = figures.figures(after, before)
     steps = counter_sum(after, "vllm:iteration_tokens_total_count") - counter_sum(
         before, "vllm:iteration_tokens_total_count")
     gen = counter_sum(after, "vllm:generation_tokens_total") - counter_sum(
@@ -230,6 +243,9 @@ def main() -> int:
         server = Server(cfg_path, log_path, env, args.assume_gpu)
         try:
             server_info["ready_s"] = round(server.wait_ready(args.ready_timeout), 1)
+            # the exporter's first good scrape before any traffic: its window then holds
+            # every draft of this server
+            server_info["exporter_up"] = wait_exporter_up(20.0)
             drive("predictable", 2, 2, args.max_tokens, seed=999)  # warm-up
             for cls in classes:
                 for conc in concs:

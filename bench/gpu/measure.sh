@@ -32,7 +32,7 @@ stamp "machine"
 
 stamp "install bundle"
 SITE=/tmp/vllm-site
-timeout 180 $PY "$C/install_bundle.py" "$C/vllm-bundle.tar.xz" --target "$SITE" || { echo "install failed"; exit 1; }
+timeout 180 $PY "$C/install_bundle.py" "$C/vllm-bundle.tar.xz" $(ls "$C"/extra-*.tar.xz 2>/dev/null) --target "$SITE" || { echo "install failed"; exit 1; }
 cp "$SITE/bundle-install.json" "$OUT/install.json"
 export PYTHONPATH="$SITE:$C/runtime:$C/engine"
 export PATH="$SITE/bin:$PATH"
@@ -42,12 +42,15 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 $PY -c "import numpy, numba, vllm; print('vllm:', vllm.__version__, 'numpy:', numpy.__version__, 'numba:', numba.__version__)" | tee -a "$OUT/env.txt"
 
+# fail fast, with the module's name, if the bundle lacks something `vllm serve` imports
+timeout 180 $PY -c "import vllm.entrypoints.openai.api_server, vllm.v1.spec_decode.eagle, vllm.model_executor.models.mimo_mtp; print('vllm serve imports: ok')" 2>&1 | tail -25
+
 stamp "tiny model (tests/engine/tiny_model.py --device cuda)"
 MODEL_LINE=$(timeout 240 $PY "$C/engine/tiny_model.py" --device cuda --out /tmp/tiny-model | tail -1)
 echo "$MODEL_LINE"
 MODEL="${MODEL_LINE#MODEL=}"
 [ -f "$MODEL/config.json" ] || { echo "no model"; exit 1; }
-cat "$MODEL/config.json" | tee "$OUT/model-config.json" | head -c 600; echo
+head -c 1500 "$MODEL/config.json"; echo
 
 stamp "mtp-runtime detect"
 $PY -m mtp_runtime.cli detect | tee "$OUT/detect.json"
@@ -63,7 +66,8 @@ if [ "$MODE" = smoke ]; then
 else
   LEFT=$(( ${SWEEP_BUDGET_S:-560} - ($(date +%s) - T0) ))
   stamp "sweep K=0..6 x concurrency 1,8,64 x both classes (budget ${LEFT} s)"
+  # K=1 and K=4 (the fixtures) and the planned K first, so a time-out costs the others
   timeout $(( LEFT + 30 )) $PY "$C/measure.py" --model "$MODEL" --out "$OUT" --planned-k \
-    --budget-s "$LEFT" ${MEASURE_ARGS:-}
+    --ks "${SWEEP_KS:-1,4,6,0,2,3,5}" --min-requests 4 --budget-s "$LEFT" ${MEASURE_ARGS:-}
 fi
 stamp "done"

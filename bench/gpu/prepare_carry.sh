@@ -4,8 +4,9 @@
 #   bash bench/gpu/prepare_carry.sh [DEST]
 #
 # It holds the vLLM bundle (built by build_bundle.py if DEST has none), the stdlib installer,
-# measure.sh/measure.py, a copy of runtime/mtp_runtime and of tests/engine/{tiny_model,traffic}.py
-# (ENGINE_REF=<git ref> takes those two from another branch instead of the work tree).
+# measure.sh/measure.py, a copy of runtime/mtp_runtime and of the tiny-model scripts
+# tests/engine/{tiny_model,tiny_mimo,traffic}.py (ENGINE_REF=<git ref> takes them from another
+# branch instead of the work tree).
 # Then, on the GPU machine: bash .gpu-carry/measure.sh
 set -eu
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -18,7 +19,7 @@ cp "$ROOT/bench/gpu/install_bundle.py" "$ROOT/bench/gpu/measure.py" "$ROOT/bench
 rm -rf "$DEST/runtime/mtp_runtime"
 cp -r "$ROOT/runtime/mtp_runtime" "$DEST/runtime/"
 find "$DEST/runtime" -name __pycache__ -prune -exec rm -rf {} +
-for f in tiny_model.py traffic.py; do
+for f in tiny_model.py tiny_mimo.py traffic.py; do
   if [ -n "${ENGINE_REF:-}" ]; then
     git -C "$ROOT" show "$ENGINE_REF:tests/engine/$f" > "$DEST/engine/$f"
   else

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -55,18 +56,19 @@ def fmt(x: object, nd: int = 3) -> str:
 
 def table(runs: list[dict], cls: str) -> list[str]:
     lines = [f"### {cls}", "",
-             "| K | concurrency | output tok/s | ms / engine step | tokens / step | hit rate | "
-             "mean acceptance length | acceptance by position |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| K | concurrency | requests | output tok/s | ms / engine step | tokens / step | "
+             "hit rate | mean acceptance length | acceptance by position |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in runs if r.get("traffic") == cls),
                     key=lambda r: (r["k"], r["concurrency"])):
         if "error" in r:
             lines.append(f"| {r['k']} | {r['concurrency']} | failed: {r['error'][:80]} |"
-                         " | | | | |")
+                         " | | | | | |")
             continue
         pos = ", ".join(f"{p:.2f}" for p in r["position_acceptance_rate"]) or "—"
         lines.append(
-            f"| {r['k']} | {r['concurrency']} | {r['output_tokens_per_s']:.0f} | "
+            f"| {r['k']} | {r['concurrency']} | {r['requests'] - r['failed_requests']} | "
+            f"{r['output_tokens_per_s']:.0f} | "
             f"{fmt(r['time_per_engine_step_ms'], 2)} | {fmt(r['tokens_per_engine_step'], 2)} | "
             f"{fmt(r['hit_rate'])} | {fmt(r['mean_acceptance_length'], 2)} | {pos} |")
     return [*lines, ""]
@@ -109,7 +111,8 @@ def main() -> int:
           f"- K planned for an H200 pool by the profile table: {res['planned_k_h200']} "
           "(that run used `k_mode: auto`; the other K were `fixed`)",
           f"- Each request: {res['max_tokens']} greedy output tokens (`ignore_eos`), 16-token "
-          "prompt; at concurrency c, max(8, 2c) requests, c at a time.", ""]
+          "prompt (tests/engine/traffic.py); at concurrency c, 2c requests (at least 4), c at "
+          "a time; `requests` counts those that succeeded.", ""]
     md += ["**A tiny model's step cost is not a 27B model's.** The model is the project's tiny "
            "MiMo (24 Qwen2 layers of hidden size 256, 22 of them exactly zero, one MTP layer, "
            "about 30 M parameters; `tests/engine/tiny_model.py`). Its target step is a few "
@@ -149,7 +152,10 @@ def main() -> int:
                     (fixture_dir / dst).write_bytes(f.read())
                 else:
                     print(f"summarize: {src} not in the run's expositions")
-    print("wrote bench/results/h200.json, h200.md and", fixture_dir)
+    # the unit tests over these fixtures live beside this script until fixtures exist
+    test = root / "tests" / "unit" / "test_h200_vllm_fixtures.py"
+    shutil.copy(Path(__file__).with_name("test_h200_vllm_fixtures.py"), test)
+    print("wrote bench/results/h200.json, h200.md,", fixture_dir, "and", test)
     return 0
 
 

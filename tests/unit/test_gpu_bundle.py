@@ -107,7 +107,13 @@ def test_installer_skips_what_the_machine_has_and_writes_scripts(tmp_path: Path)
     bundle = tmp_path / "b.tar.xz"
     _bundle(bundle, {
         "tinypkg": {
-            "tinypkg/__init__.py": b"def main():\n    print('tiny ran')\n    return 0\n",
+            # like `vllm serve`: the console script's process starts a child with "spawn",
+            # which re-imports the script as __mp_main__
+            "tinypkg/__init__.py": (
+                b"import multiprocessing as mp\n\n"
+                b"def child():\n    print('child ran', flush=True)\n\n"
+                b"def main():\n    p = mp.get_context('spawn').Process(target=child)\n"
+                b"    p.start()\n    p.join()\n    print('tiny ran')\n    return p.exitcode\n"),
             "tinypkg-1.0.dist-info/METADATA": b"Name: tinypkg\nVersion: 1.0\n",
             "tinypkg-1.0.dist-info/entry_points.txt":
                 b"[console_scripts]\ntiny = tinypkg:main\n",
@@ -125,7 +131,7 @@ def test_installer_skips_what_the_machine_has_and_writes_scripts(tmp_path: Path)
     assert result["scripts"] == ["tiny"]
     out = subprocess.run([str(target / "bin" / "tiny")], capture_output=True, text=True,
                          env={"PYTHONPATH": str(target)}, check=True)
-    assert out.stdout == "tiny ran\n"
+    assert out.stdout == "child ran\ntiny ran\n"
     assert json.loads((target / "bundle-install.json").read_text())["vllm"] == "9.9"
 
 
