@@ -39,6 +39,9 @@ export PATH="$SITE/bin:$PATH"
 export MTP_RUNTIME_VLLM="$SITE/bin/vllm"
 # vLLM 0.26 on this machine: no flashinfer (sampler), the V1 model runner, nothing from a hub
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1
+# FlashAttention is not in the bundle: the drafter needs the Triton backend too (vLLM picks the
+# drafter's backend by itself unless the speculative config names one)
+export MTP_RUNTIME_DRAFT_ATTENTION_BACKEND=TRITON_ATTN
 export TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 $PY -c "import numpy, numba, vllm; print('vllm:', vllm.__version__, 'numpy:', numpy.__version__, 'numba:', numba.__version__)" | tee -a "$OUT/env.txt"
 
