@@ -52,6 +52,7 @@ class StatusInput:
     problem_reason: str = c.REASON_INVALID_SPEC  # or NoFittingNodes
     apply_error: str | None = None
     removed: Sequence[str] = field(default_factory=list)
+    tuning: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # by GPU product
 
 
 def _pool_entry(i: StatusInput, plan: PoolPlan) -> dict[str, Any]:
@@ -69,6 +70,8 @@ def _pool_entry(i: StatusInput, plan: PoolPlan) -> dict[str, Any]:
     for key, value in (i.rollback_state.get(plan.gpu_product) or {}).items():
         if value is not None:
             entry[key] = value
+    if i.tuning.get(plan.gpu_product):
+        entry["tuning"] = dict(i.tuning[plan.gpu_product])
     return entry
 
 
@@ -148,7 +151,19 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
         ),
         "ready": f"{ready}/{desired}",
         "removedPools": removed,
+        **_tuning_summary(pools),
     }
+
+
+def _tuning_summary(pools: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """`tuningSummary`: the recommended K per tuned pool (`-` while it has none yet)."""
+    parts = []
+    for p in pools:
+        tuning = p.get("tuning")
+        if tuning:
+            rec = tuning.get("recommendedK")
+            parts.append(f"{short_product(p['gpuProduct'])}:{'-' if rec is None else rec}")
+    return {"tuningSummary": " ".join(parts)} if parts else {}
 
 
 def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.planning import validate_spec
+from mtp_operator.tuning.settings import tuning_problems
 
 Problem = tuple[str, str]
 
@@ -38,7 +39,7 @@ def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None,
     except ValidationError as err:
         found = {(_field(e["loc"]), e["msg"]) for e in err.errors()}
         return None, sorted(found)
-    return spec, validate_spec(spec)
+    return spec, validate_spec(spec) + tuning_problems(spec)
 
 
 def problems_text(found: list[Problem]) -> str:

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from mtp_operator.api.tuning import TUNING_CEL, PoolTuningStatus, TuningSpec
+
 GROUP = "mtp-operator.io"
 VERSION = "v1alpha1"
 KIND = "MTPInference"
@@ -64,6 +66,10 @@ class SpeculativeSpec(_Model):
         ge=1,
         description="The model's MTP depth (n_predict). vLLM rejects K above it unless K is a "
         "multiple of it; profile values are lowered to fit.",
+    )
+    tuning: TuningSpec = Field(
+        default_factory=TuningSpec,  # type: ignore[arg-type]
+        description="Measured K: find each pool's K with the most output tokens per second.",
     )
 
 
@@ -174,7 +180,7 @@ class MTPInferenceSpec(_Model):
 
 # ---- status -------------------------------------------------------------------------------
 
-PoolSource = Literal["profile", "override", "cap", "rollback", "off"]
+PoolSource = Literal["profile", "override", "cap", "rollback", "off", "tuned"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "SpeculationRolledBack"]
 
 
@@ -207,6 +213,9 @@ class PoolStatus(_Model):
     )
     settings_since: str | None = Field(None, description="When the running K was applied.")
     last_alert_time: str | None = None
+    tuning: PoolTuningStatus | None = Field(
+        None, description="Measured K (spec.speculative.tuning)."
+    )
 
 
 class RollbackRecord(_Model):
@@ -228,6 +237,9 @@ class MTPInferenceStatus(_Model):
     pools: list[PoolStatus] = Field(default_factory=list)
     rollbacks: list[RollbackRecord] = Field(default_factory=list)
     pools_summary: str | None = Field(None, description="Pools with their K, e.g. `H100:6 A100:4`.")
+    tuning_summary: str | None = Field(
+        None, description="Pools with the K tuning recommends, e.g. `H100:4 A100:4`."
+    )
     ready: str | None = Field(None, description="Ready replicas over desired, over all pools.")
     rollback_reset_token: str | None = Field(
         None, description="The last `mtp-operator.io/reset-rollback` annotation value acted on."
@@ -248,4 +260,4 @@ class MTPInference(_Model):
     status: MTPInferenceStatus | None = None
 
 
-SPEC_CEL_RULES = _CEL_SPEC
+SPEC_CEL_RULES = _CEL_SPEC + TUNING_CEL
