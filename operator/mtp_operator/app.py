@@ -25,6 +25,7 @@ from mtp_operator.metrics import REGISTRY
 from mtp_operator.reconciler import Reconciler
 from mtp_operator.rollback.actions import RollbackActions
 from mtp_operator.settings import OperatorSettings
+from mtp_operator.tuning_loop import run_tuner
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,9 @@ async def run(opts: RunOptions) -> int:
         if evaluator_on:
             interval = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
             tasks.append(asyncio.create_task(actions.run_evaluator(interval)))
+        # measured K (spec.speculative.tuning): idle unless a resource turns it on
+        scrape_every = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
+        tasks.append(asyncio.create_task(run_tuner(reconciler, view, kube, scrape_every)))
         tasks.append(
             asyncio.create_task(handlers.resync_loop(reconciler, view, handlers.RESYNC_SECONDS))
         )

@@ -37,6 +37,7 @@ from mtp_operator.rollback.policy import format_time
 from mtp_operator.rollback.state import pool_rollback_state
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.status import StatusInput, build_status, observe_deployment, status_changed
+from mtp_operator.tuning.state import carried, planned_k
 from mtp_operator.validation import problems_text, spec_problems
 
 log = logging.getLogger(__name__)
@@ -252,6 +253,7 @@ class Reconciler:
         rollback = pool_rollback_state(previous, meta, generation, now)
         plans: list[PoolPlan] = []
         blocked_reason = REASON_INVALID_SPEC
+        tuning = carried(previous, spec, generation)  # measured K (tuning/), kept in status
         if spec is not None and not found:
             products = fitting_products(spec, self.view.gpu_nodes())
             if not products:
@@ -259,7 +261,13 @@ class Reconciler:
                 found, blocked_reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
             try:
                 plans = [
-                    plan_pool(spec, p, self.settings.gpu_profiles, rollback.k_for(p))
+                    plan_pool(
+                        spec,
+                        p,
+                        self.settings.gpu_profiles,
+                        rollback.k_for(p),
+                        planned_k(tuning.get(p)),
+                    )
                     for p in products
                 ]
             except PlanError as err:
@@ -331,6 +339,7 @@ class Reconciler:
                 settings_hashes=hashes,
                 apply_error=apply_error,
                 removed=removed,
+                tuning=tuning,
             ),
             format_time(now),
         )

@@ -210,7 +210,7 @@ def test_bounds_and_enums() -> None:
     assert (tuning["minGain"]["minimum"], tuning["minGain"]["maximum"]) == (0, 1)
     assert tuning["candidates"]["items"]["minimum"] == 0
     assert tuning["candidates"]["x-kubernetes-list-type"] == "set"
-    assert tuning["observationSeconds"]["minimum"] == 30
+    assert tuning["observationSeconds"]["minimum"] == 5
     assert tuning["maxTrialsPerDay"]["minimum"] == 0
 
 

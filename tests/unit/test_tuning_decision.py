@@ -204,3 +204,13 @@ def test_next_trial_from_nothing_measured_at_k_above_zero():
 def test_no_measurement_yet_holds():
     d = decide(policy(range(5)), 3, None, [], [], Guard(), T0, 2)
     assert d.action == "hold" and "no full window yet" in d.reason
+
+
+def test_an_aborted_k_is_not_tried_again_that_day():
+    table = _table(LINEAR, [3])
+    now = T0 + timedelta(hours=1)
+    aborted = [Trial(1, 3, now - timedelta(minutes=30), "canary", now - timedelta(minutes=20),
+                     "aborted")]
+    d = decide(policy(range(5)), 3, None, aborted, table, Guard(), now, 2)
+    # 1 skipped; 2 and 4 are equally far from 3: the smaller first
+    assert d.action == "start_trial" and d.trial_k == 2

@@ -49,7 +49,7 @@ class TuningSpec(_Model):
     )
     observation_seconds: int = Field(
         DEFAULT_OBSERVATION_SECONDS,
-        ge=30,
+        ge=5,
         le=86400,
         description="The window of one measurement, and of one trial.",
     )
@@ -130,7 +130,11 @@ class PoolTuningStatus(_Model):
         default_factory=list, max_length=MAX_TRIAL_HISTORY, description="Ended trials."
     )
     tuned_k: int | None = Field(None, description="K adopted by tuning (pool source `tuned`).")
-    tuned_generation: int | None = None
+    generation: int | None = Field(
+        None,
+        description="The spec generation this state is for: a new generation starts tuning "
+        "over from the spec's K.",
+    )
     updated: str | None = None
 
 

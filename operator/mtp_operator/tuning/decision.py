@@ -23,7 +23,8 @@ Rules, in order:
    c. the best untried estimate, if it beats the best measured K by `minGain`;
    d. K = 0 if untried: its step cost has no drafter in it and is never extrapolated.
    A K with a comparable measurement is never tried again in the same regime: every K is
-   tried at most once per traffic regime, so K cannot oscillate.
+   tried at most once per traffic regime, so K cannot oscillate. A K whose trial was aborted
+   (a rollback, or no window at it) is not tried again within 24 h.
 """
 
 from __future__ import annotations
@@ -134,11 +135,12 @@ def recommend(
 
 def next_trial(
     table: Sequence[Measurement], candidates: Sequence[int], ests: Sequence[Estimate],
-    min_gain: float,
+    min_gain: float, skip: frozenset[int] = frozenset(),
 ) -> tuple[int | None, str]:
-    """Rule 5's choice among the candidates without a comparable measurement."""
+    """Rule 5's choice among the candidates without a comparable measurement (and not in
+    `skip`: K whose trial was aborted in the last 24 h)."""
     measured = {m.k for m in table}
-    untried = [k for k in sorted(set(candidates)) if k not in measured]
+    untried = [k for k in sorted(set(candidates)) if k not in measured and k not in skip]
     if not untried:
         return None, "every candidate is measured"
     deep = [k for k in untried if k >= 1]
@@ -257,7 +259,8 @@ def decide(
     settle = timedelta(seconds=policy.observation_seconds)
     if last_end is not None and now - last_end < settle:
         return _with(base, f"{why}; settling after the last trial")
-    k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain)
+    aborted = frozenset(t.k for t in recent if t.outcome == "aborted")
+    k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain, aborted)
     if k is None or k == running_k:
         return _with(base, f"{why}; {reason}")
     kind: TrialKind = "canary" if replicas >= 2 else "pool"

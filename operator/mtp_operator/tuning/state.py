@@ -1,0 +1,171 @@
+"""A pool's tuning state as kept in `status.pools[].tuning`, and back. Pure.
+
+Status is the store (a restarted operator keeps the tuned K, the trial running and the trial
+history); the measured table is in memory only and is measured again after a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from mtp_operator.api.tuning import MAX_TRIAL_HISTORY, MAX_TUNING_ROWS, PoolTuningStatus
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec
+from mtp_operator.rollback.policy import format_time, parse_time
+
+from .decision import Decision, Guard, Trial
+from .estimator import CostFit, Measurement
+
+
+def carried(
+    previous_status: Mapping[str, Any], spec: MTPInferenceSpec | None, generation: int | None
+) -> dict[str, dict[str, Any]]:
+    """The tuning entries the reconciler keeps, by GPU product: none when tuning is off, and
+    none from another spec generation (a new generation starts tuning over from the spec)."""
+    if spec is None or spec.speculative.tuning.mode == "Off":
+        return {}
+    out = {}
+    for pool in previous_status.get("pools") or []:
+        t = pool.get("tuning")
+        if t and t.get("generation") == generation:
+            out[pool["gpuProduct"]] = dict(t)
+    return out
+
+
+def trial_from(raw: Mapping[str, Any] | None) -> Trial | None:
+    if not raw:
+        return None
+    started = parse_time(raw.get("started"))
+    if started is None:
+        return None
+    return Trial(
+        k=int(raw["k"]),
+        from_k=int(raw["fromK"]),
+        started=started,
+        kind=raw.get("kind", "pool"),
+        ended=parse_time(raw.get("ended")),
+        outcome=raw.get("outcome"),
+        reason=raw.get("reason", ""),
+    )
+
+
+def trial_dict(t: Trial) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "k": t.k, "fromK": t.from_k, "kind": t.kind, "started": format_time(t.started),
+    }
+    if t.ended is not None:
+        out["ended"] = format_time(t.ended)
+    if t.outcome is not None:
+        out["outcome"] = t.outcome
+    if t.reason:
+        out["reason"] = t.reason
+    return out
+
+
+def planned_k(tuning: Mapping[str, Any] | None) -> int | None:
+    """The K tuning wants the whole pool at: a whole-pool trial's K, else the adopted K."""
+    if not tuning:
+        return None
+    trial = tuning.get("trial")
+    if trial and trial.get("kind") == "pool":
+        return int(trial["k"])
+    k = tuning.get("tunedK")
+    return int(k) if k is not None else None
+
+
+def canary_k(tuning: Mapping[str, Any] | None) -> int | None:
+    """The K of a canary trial running now, if any."""
+    trial = (tuning or {}).get("trial")
+    return int(trial["k"]) if trial and trial.get("kind") == "canary" else None
+
+
+def guard_from(pool: Mapping[str, Any], cooldown_seconds: float, now: datetime,
+               alert_window: float) -> Guard:
+    """Rollback's view of the pool from its status fields."""
+    last_rb = parse_time(pool.get("lastRollbackTime"))
+    last_alert = parse_time(pool.get("lastAlertTime"))
+    return Guard(
+        alert_firing=last_alert is not None and now - last_alert < timedelta(
+            seconds=alert_window),
+        rollback_pinned=pool.get("rollbackK") is not None,
+        cooldown_until=last_rb + timedelta(seconds=cooldown_seconds) if last_rb else None,
+    )
+
+
+def _measured(m: Measurement) -> dict[str, Any]:
+    from datetime import UTC
+
+    row: dict[str, Any] = {
+        "k": m.k,
+        "outputTokensPerSecond": round(m.output_tps, 3),
+        "acceptance": [round(a, 4) for a in m.acceptance],
+        "tokensPerStep": round(m.tokens_per_step, 4),
+        "windowSeconds": round(m.seconds, 1),
+        "windowEnd": format_time(datetime.fromtimestamp(m.end, UTC)),
+        "replicas": m.replicas,
+    }
+    if m.concurrency is not None:
+        row["concurrency"] = round(m.concurrency, 3)
+    return row
+
+
+def _fit(fit: CostFit) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "model": fit.describe(),
+        "baseSeconds": fit.alpha,
+        "perTokenSeconds": fit.beta,
+        "windows": fit.points,
+        "ks": list(fit.ks),
+        "rmseSeconds": fit.rmse,
+    }
+    if fit.alpha_se is not None:
+        out["baseSecondsError"] = fit.alpha_se
+    if fit.beta_se is not None:
+        out["perTokenSecondsError"] = fit.beta_se
+    return out
+
+
+def published(
+    mode: str,
+    decision: Decision,
+    table: Sequence[Measurement],
+    trial: Trial | None,
+    history: Sequence[Trial],
+    tuned_k: int | None,
+    generation: int | None,
+    now: datetime,
+) -> dict[str, Any]:
+    """status.pools[].tuning for one pool (validated against the API model)."""
+    rows = sorted(table, key=lambda m: m.end)[-MAX_TUNING_ROWS:]
+    ests = []
+    for e in decision.estimates[:MAX_TUNING_ROWS]:
+        row: dict[str, Any] = {"k": e.k, "basis": e.basis, "detail": e.detail}
+        if e.output_tps is not None:
+            row["outputTokensPerSecond"] = round(e.output_tps, 3)
+        if e.uncertainty is not None:
+            row["uncertainty"] = round(e.uncertainty, 3)
+        if e.tokens_per_step is not None:
+            row["tokensPerStep"] = round(e.tokens_per_step, 4)
+        ests.append(row)
+    out: dict[str, Any] = {
+        "mode": mode,
+        "reason": decision.reason,
+        "measured": [_measured(m) for m in rows],
+        "estimates": ests,
+        "trials": [trial_dict(t) for t in history[-MAX_TRIAL_HISTORY:]],
+        "generation": generation,
+        "updated": format_time(now),
+    }
+    if decision.recommended_k is not None:
+        out["recommendedK"] = decision.recommended_k
+    if decision.fit is not None:
+        out["stepCost"] = _fit(decision.fit)
+    if trial is not None:
+        out["trial"] = trial_dict(trial)
+    if tuned_k is not None:
+        out["tunedK"] = tuned_k
+    if generation is None:
+        out.pop("generation")
+    PoolTuningStatus.model_validate(out)
+    return out

@@ -1,0 +1,210 @@
+"""The tuner's loop: scrape the pools of resources with `speculative.tuning`, close windows,
+ask the pure decision, publish status and Events, and (Auto) start and end trials.
+
+Every `interval` seconds it reads vLLM's /metrics on each Ready pod of each pool whose
+resource has tuning on (the pods the built-in evaluator reads). Every `observationSeconds`
+it closes a window per group of pods at one K (`tuning.counters`), adds the measurement to the
+pool's table (memory only), and decides (`tuning.decision`). What it decides goes into
+`status.pools[].tuning` under the resource's reconcile lock; the reconciler then plans the
+pool with the tuned K (or a whole-pool trial's K). The spec is never written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from mtp_operator.tuning.counters import PodSample, pod_sample, window_counters
+from mtp_operator.tuning.decision import Trial, decide
+from mtp_operator.tuning.estimator import Measurement, measure
+from mtp_operator.tuning.settings import policy_for
+from mtp_operator.tuning.state import guard_from, published, trial_from
+from mtp_operator.validation import spec_problems
+from mtp_runtime.metrics import ParseError
+from mtp_runtime.vllm_command import DEFAULT_PORT
+
+log = logging.getLogger(__name__)
+
+SCRAPE_TIMEOUT = aiohttp.ClientTimeout(total=3)
+MAX_PARALLEL_SCRAPES = 32
+MAX_TABLE = 32  # measurements kept per pool (status shows the latest 16)
+
+
+async def fetch_sample(
+    session: aiohttp.ClientSession, ip: str, sem: asyncio.Semaphore, t: float
+) -> PodSample | None:
+    async with sem:
+        try:
+            async with session.get(f"http://{ip}:{DEFAULT_PORT}/metrics") as resp:
+                if resp.status != 200:
+                    return None
+                return pod_sample(t, await resp.text())
+        except (aiohttp.ClientError, TimeoutError, ParseError) as err:
+            log.debug("tuning scrape %s failed: %s", ip, err)
+            return None
+
+
+@dataclass
+class PoolMemory:
+    """What the tuner remembers of one pool between ticks (not in status)."""
+
+    generation: int | None = None
+    window_start: float | None = None
+    groups: dict[int, dict[str, list[PodSample]]] = field(default_factory=dict)  # K → pod → …
+    table: list[Measurement] = field(default_factory=list)
+    pod_k: dict[str, int] = field(default_factory=dict)
+
+
+class Tuner:
+    def __init__(self, reconciler: Any, view: Any, kube: Any) -> None:
+        self.reconciler = reconciler
+        self.view = view
+        self.kube = kube
+        self.pools: dict[tuple[str, str, str], PoolMemory] = {}
+
+    async def tick(self, session: aiohttp.ClientSession, now: datetime) -> int:
+        """One round; returns how many pools got a new decision."""
+        if not getattr(self.view, "ready", True):
+            return 0
+        sem = asyncio.Semaphore(MAX_PARALLEL_SCRAPES)
+        t = now.timestamp()
+        seen: set[tuple[str, str, str]] = set()
+        decided = 0
+        for key in list(self.view.resource_keys()):
+            body = self.view.resource(key)
+            if body is None:
+                continue
+            spec, found = spec_problems(body.get("spec") or {})
+            if spec is None or found or spec.speculative.tuning.mode == "Off":
+                continue
+            generation = (body.get("metadata") or {}).get("generation")
+            status = self.reconciler.current_status(key, body)
+            for pool in status.get("pools") or []:
+                product = pool["gpuProduct"]
+                ref = (key[0], key[1], product)
+                seen.add(ref)
+                mem = self.pools.setdefault(ref, PoolMemory(generation))
+                if mem.generation != generation:  # a new spec: start over from it
+                    self.pools[ref] = mem = PoolMemory(generation)
+                pods = self.view.pool_pod_ips(key, product)
+                pod_ks = self._pod_ks(key, product, pool, pods)
+                samples = await asyncio.gather(
+                    *(fetch_sample(session, ip, sem, t) for ip in pods.values())
+                )
+                for name, sample in zip(pods, samples, strict=True):
+                    if sample is None:
+                        continue
+                    k = pod_ks[name]
+                    if mem.pod_k.get(name, k) != k:
+                        for group in mem.groups.values():
+                            group.pop(name, None)
+                    mem.pod_k[name] = k
+                    mem.groups.setdefault(k, {}).setdefault(name, []).append(sample)
+                if mem.window_start is None:
+                    mem.window_start = t
+                policy = policy_for(spec)
+                if t - mem.window_start < policy.observation_seconds:
+                    continue
+                self._close_window(mem, t)
+                await self._decide(key, body, spec, pool, mem, policy, generation, now)
+                decided += 1
+        for gone in set(self.pools) - seen:
+            del self.pools[gone]
+        return decided
+
+    def _pod_ks(
+        self, key: Any, product: str, pool: dict[str, Any], pods: dict[str, str]
+    ) -> dict[str, int]:
+        """The K each pod runs: the canary's from its labels where the view knows it, else
+        the pool's."""
+        k_of = getattr(self.view, "pool_pod_k", None)
+        known = k_of(key, product) if k_of else {}
+        return {name: known.get(name, pool["numSpeculativeTokens"]) for name in pods}
+
+    def _close_window(self, mem: PoolMemory, t: float) -> None:
+        start = mem.window_start or t
+        for k, by_pod in mem.groups.items():
+            w = window_counters(k, by_pod, start, t)
+            m = measure(w) if w is not None else None
+            if m is not None:
+                mem.table.append(m)
+        mem.table = mem.table[-MAX_TABLE:]
+        # the next window starts from each pod's last scrape
+        mem.groups = {k: {p: s[-1:] for p, s in g.items()} for k, g in mem.groups.items()}
+        mem.window_start = t
+
+    async def _decide(
+        self, key, body, spec, pool, mem: PoolMemory, policy, generation, now: datetime
+    ) -> None:
+        tuning = pool.get("tuning") or {}
+        if tuning.get("generation") != generation:
+            tuning = {}
+        trial = trial_from(tuning.get("trial"))
+        history = [t for t in (trial_from(r) for r in tuning.get("trials") or []) if t]
+        tuned_k = tuning.get("tunedK")
+        guard = guard_from(
+            pool, spec.rollback.cooldown_seconds, now, float(spec.rollback.window_seconds)
+        )
+        running = trial.from_k if trial is not None else pool["numSpeculativeTokens"]
+        replicas = int(pool.get("replicas") or spec.replicas)
+        d = decide(policy, running, trial, history, mem.table, guard, now, replicas)
+        events: list[tuple[str, str, str]] = []
+        product = pool["gpuProduct"]
+        if d.action == "start_trial" and d.trial_k is not None and d.trial_kind is not None:
+            trial = Trial(d.trial_k, running, now, d.trial_kind)
+            events.append(("TuningTrialStarted", f"pool {product}: {d.reason}", "Normal"))
+        elif d.action in ("adopt", "return", "abort") and trial is not None:
+            outcome = {"adopt": "adopted", "return": "returned", "abort": "aborted"}[d.action]
+            history.append(Trial(trial.k, trial.from_k, trial.started, trial.kind, now,
+                                 outcome, d.reason))  # type: ignore[arg-type]
+            if d.action == "adopt":
+                tuned_k = d.k
+            trial = None
+            kind = "TuningAdopted" if d.action == "adopt" else "TuningTrialEnded"
+            events.append((kind, f"pool {product}: {d.reason}",
+                           "Warning" if d.action == "abort" else "Normal"))
+        elif d.recommended_k != tuning.get("recommendedK") and d.recommended_k is not None:
+            events.append(("TuningRecommended", f"pool {product}: recommends K="
+                           f"{d.recommended_k} (runs K={running}): {d.reason}", "Normal"))
+        entry = published(policy.mode, d, mem.table, trial, history, tuned_k, generation, now)
+        await self._write(key, body, product, entry, events)
+
+    async def _write(self, key, body, product: str, entry: dict, events) -> None:
+        slot = self.reconciler.slot(key)
+        async with slot.lock:
+            status = self.reconciler.current_status(key, body)
+            pools = [dict(p) for p in status.get("pools") or []]
+            changed_k = False
+            for p in pools:
+                if p["gpuProduct"] == product:
+                    old = p.get("tuning") or {}
+                    changed_k = (old.get("tunedK"), _trial_key(old)) != (
+                        entry.get("tunedK"), _trial_key(entry))
+                    p["tuning"] = entry
+            new_status = {**status, "pools": pools}
+            await self.reconciler.write_status(key, body, status, new_status)
+            for reason, message, kind in events:
+                await self.kube.event(body, reason, message, kind)
+            if changed_k:  # the pool (or its canary) runs another K now
+                await self.reconciler.reconcile_locked(key)
+
+
+def _trial_key(tuning: dict) -> tuple | None:
+    t = tuning.get("trial")
+    return (t.get("k"), t.get("kind"), t.get("started")) if t else None
+
+
+async def run_tuner(reconciler: Any, view: Any, kube: Any, interval: float) -> None:
+    tuner = Tuner(reconciler, view, kube)
+    async with aiohttp.ClientSession(timeout=SCRAPE_TIMEOUT) as session:
+        while True:
+            try:
+                await tuner.tick(session, datetime.now(UTC))
+            except Exception:  # keep tuning the other pools: one bad round must not stop it
+                log.exception("tuning round failed")
+            await asyncio.sleep(interval)
