@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from mtp_operator.tuning.counters import PodSample, pod_sample, window_counters
+from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_counters
 from mtp_operator.tuning.decision import Trial, decide
 from mtp_operator.tuning.estimator import Measurement, measure
 from mtp_operator.tuning.settings import policy_for
@@ -55,9 +55,8 @@ class PoolMemory:
 
     generation: int | None = None
     window_start: float | None = None
-    groups: dict[int, dict[str, list[PodSample]]] = field(default_factory=dict)  # K → pod → …
+    samples: dict[str, list[PodSample]] = field(default_factory=dict)  # by pod, this window
     table: list[Measurement] = field(default_factory=list)
-    pod_k: dict[str, int] = field(default_factory=dict)
 
 
 class Tuner:
@@ -92,19 +91,12 @@ class Tuner:
                 if mem.generation != generation:  # a new spec: start over from it
                     self.pools[ref] = mem = PoolMemory(generation)
                 pods = self.view.pool_pod_ips(key, product)
-                pod_ks = self._pod_ks(key, product, pool, pods)
                 samples = await asyncio.gather(
                     *(fetch_sample(session, ip, sem, t) for ip in pods.values())
                 )
                 for name, sample in zip(pods, samples, strict=True):
-                    if sample is None:
-                        continue
-                    k = pod_ks[name]
-                    if mem.pod_k.get(name, k) != k:
-                        for group in mem.groups.values():
-                            group.pop(name, None)
-                    mem.pod_k[name] = k
-                    mem.groups.setdefault(k, {}).setdefault(name, []).append(sample)
+                    if sample is not None:
+                        mem.samples.setdefault(name, []).append(sample)
                 if mem.window_start is None:
                     mem.window_start = t
                 policy = policy_for(spec)
@@ -117,25 +109,23 @@ class Tuner:
             del self.pools[gone]
         return decided
 
-    def _pod_ks(
-        self, key: Any, product: str, pool: dict[str, Any], pods: dict[str, str]
-    ) -> dict[str, int]:
-        """The K each pod runs: the canary's from its labels where the view knows it, else
-        the pool's."""
-        k_of = getattr(self.view, "pool_pod_k", None)
-        known = k_of(key, product) if k_of else {}
-        return {name: known.get(name, pool["numSpeculativeTokens"]) for name in pods}
-
     def _close_window(self, mem: PoolMemory, t: float) -> None:
+        """Measure each group of pods that ran one K through the window (a pod's K is the
+        number of draft positions its vLLM exports; a pod whose K changed is left out)."""
         start = mem.window_start or t
-        for k, by_pod in mem.groups.items():
+        groups: dict[int, dict[str, list[PodSample]]] = {}
+        for name, samples in mem.samples.items():
+            ks = {pod_k(s) for s in samples}
+            if len(ks) == 1:
+                groups.setdefault(ks.pop(), {})[name] = samples
+        for k, by_pod in sorted(groups.items()):
             w = window_counters(k, by_pod, start, t)
             m = measure(w) if w is not None else None
             if m is not None:
                 mem.table.append(m)
         mem.table = mem.table[-MAX_TABLE:]
-        # the next window starts from each pod's last scrape
-        mem.groups = {k: {p: s[-1:] for p, s in g.items()} for k, g in mem.groups.items()}
+        # the next window starts from each pod's last scrape; pods not seen now are dropped
+        mem.samples = {p: s[-1:] for p, s in mem.samples.items() if s and s[-1].t >= t - 1e-6}
         mem.window_start = t
 
     async def _decide(

@@ -203,3 +203,14 @@ def test_comparable_sees_traffic_and_load_changes():
     assert not comparable(a, b)  # tokens per step at K=1: 1.9 vs 1.5
     assert not comparable(a, measure(busier.window(3, 0, 300)))  # concurrency 4 vs 8
     assert comparable(a, measure(SIM.window(0, 0, 300)))  # K=0: load only
+
+
+def test_pod_k_from_the_exposition(sample_prom):
+    from mtp_operator.tuning.counters import pod_k
+
+    assert pod_k(pod_sample(0.0, sample_prom)) == 4  # positions 0..3
+    no_spec = "\n".join(
+        line for line in sample_prom.splitlines() if "spec_decode" not in line
+    )
+    assert pod_k(pod_sample(0.0, no_spec)) == 0
+    assert pod_k(PodSample(0.0, SpecCounters(10, 30, 12, ()), 0.0, None, None)) == 3

@@ -53,6 +53,17 @@ def pod_sample(t: float, source: str | Exposition) -> PodSample:
     )
 
 
+def pod_k(sample: PodSample) -> int:
+    """The K a pod runs, from its exposition: vLLM exports one accepted-per-position series
+    per draft position from start-up, and no spec-decode series at all without speculation
+    (falls back to draft tokens per draft when the positions are missing)."""
+    if sample.spec.per_position:
+        return len(sample.spec.per_position)
+    if sample.spec.drafts > 0:
+        return round(sample.spec.draft_tokens / sample.spec.drafts)
+    return 0
+
+
 @dataclass(frozen=True)
 class WindowCounters:
     """Increases over one window of the replicas of a pool that ran one K throughout it."""
