@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mtp_operator.tuning.counters import WindowCounters
-from mtp_runtime.metrics import SpecCounters
+from mtp_runtime.spec_decode import SpecCounters
 
 
 @dataclass(frozen=True)

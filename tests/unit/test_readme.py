@@ -128,8 +128,7 @@ def test_alert_and_rule_names_exist() -> None:
 
 def test_exporter_and_operator_metric_names_exist() -> None:
     exporter = (REPO / "runtime" / "mtp_runtime" / "exporter.py").read_text()
-    operator = (REPO / "operator" / "mtp_operator" / "metrics.py").read_text()
-    operator += (REPO / "operator" / "mtp_operator" / "alerts" / "metrics.py").read_text()
+    operator = (REPO / "operator" / "mtp_operator" / "adapters" / "telemetry.py").read_text()
     for name in set(re.findall(r"`(mtp_[a-z_]+)`", README)) - {"mtp_num_hidden_layers"}:
         assert f'"{name}"' in exporter + operator, f"README names unknown metric {name}"
     for name in set(re.findall(r"`(mtp_operator_[a-z_]+)", README)):

@@ -139,7 +139,7 @@ def test_console_script_entry_point() -> None:
 
 
 def test_runtime_imports_stay_light() -> None:
-    code = ("import sys, mtp_runtime.cli, mtp_runtime.exporter, mtp_runtime.metrics; "
+    code = ("import sys, mtp_runtime.cli, mtp_runtime.exporter, mtp_runtime.figures; "
             "bad = [m for m in ('kopf', 'lightkube', 'pydantic', 'mtp_operator', 'yaml') "
             "if m in sys.modules]; print(bad)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

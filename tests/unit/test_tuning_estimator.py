@@ -20,7 +20,7 @@ from mtp_operator.tuning.estimator import (
     tokens_per_request_step,
     tokens_per_step,
 )
-from mtp_runtime.metrics import SpecCounters
+from mtp_runtime.spec_decode import SpecCounters
 from support.tuning_sim import SimPool, linear_cost
 
 

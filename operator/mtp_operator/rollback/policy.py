@@ -24,25 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from mtp_runtime.gpu_profiles import valid_k_for_depth
 
 from ..api.v1alpha1 import PoolStatus, RollbackRecord, RollbackSpec
+from ..timestamps import format_time, parse_time
 from .signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, ROLLBACK_ALERTS, AlertSignal
-
-
-def format_time(t: datetime) -> str:
-    """RFC 3339 in UTC with a Z, as Kubernetes writes times."""
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str | None) -> datetime | None:
-    if not s:
-        return None
-    t = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

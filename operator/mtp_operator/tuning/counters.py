@@ -1,7 +1,7 @@
 """What a pool's pods say over one window: vLLM's counters, read and differenced. Pure.
 
 The tuner needs more than the four spec-decode counters the rollback alerts use (those come
-from `mtp_runtime.metrics`): how many tokens the engine emitted, how many engine steps it ran
+from `mtp_runtime.spec_decode`): how many tokens the engine emitted, how many engine steps it ran
 (where vLLM exposes that) and how many requests it was running. Names as vLLM 0.33 writes
 them (shared/vllm-0.33.0/metrics-sample.prom):
 
@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from mtp_runtime.metrics import Exposition, SpecCounters, parse_exposition, spec_snapshot, total
+from mtp_runtime.exposition import Exposition, parse_exposition
+from mtp_runtime.spec_decode import SpecCounters, spec_snapshot, total
 
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 ENGINE_STEPS = "vllm:iteration_tokens_total_count"

@@ -36,7 +36,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from mtp_runtime.metrics import SpecCounters
+from mtp_runtime.spec_decode import SpecCounters
 
 from .counters import WindowCounters
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from mtp_operator.api.tuning import MAX_TRIAL_HISTORY, MAX_TUNING_ROWS, PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
-from mtp_operator.rollback.policy import format_time, parse_time
+from mtp_operator.timestamps import format_time, parse_time
 
 from .decision import Decision, Guard, Trial
 from .estimator import CostFit, Measurement

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.api.v1alpha1 import MAX_ROLLBACK_HISTORY
-from mtp_operator.metrics import OPERATOR_METRICS
+from mtp_operator.control.reconciler import Key, Reconciler
 from mtp_operator.planning import PlanError, plan_pool
-from mtp_operator.reconciler import Key, Reconciler
 from mtp_operator.rollback.policy import PoolRollbackState, decide
 from mtp_operator.rollback.signals import AlertSignal
 from mtp_operator.validation import spec_problems
@@ -145,16 +145,3 @@ class RollbackActions:
                 # Roll exactly the affected pools now, under the same lock.
                 await self.reconciler.reconcile_locked(key)
                 OPERATOR_METRICS.signal_to_patch.observe(time.monotonic() - received)
-
-    # ---- the two ways in --------------------------------------------------------------
-    async def serve_alerts(self, address: str, token_file: Any, tls_cert: Any, tls_key: Any):
-        """Start the Alertmanager webhook receiver (POST /alerts); returns its runner."""
-        from mtp_operator.alerts.receiver import serve_alerts
-
-        return await serve_alerts(address, token_file, tls_cert, tls_key, self.apply_signals)
-
-    async def run_evaluator(self, interval: float) -> None:
-        """The built-in evaluator: scrape pool pods, apply each resource's thresholds."""
-        from mtp_operator.rollback.evaluator import run_evaluator
-
-        await run_evaluator(self, interval)

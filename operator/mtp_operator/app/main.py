@@ -17,15 +17,17 @@ from aiohttp import web
 from lightkube import AsyncClient
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from mtp_operator import handlers
-from mtp_operator.alerts.receiver import parse_address
-from mtp_operator.kube import Kube
-from mtp_operator.leader import LeaderElector
-from mtp_operator.metrics import REGISTRY
-from mtp_operator.reconciler import Reconciler
-from mtp_operator.rollback.actions import RollbackActions
+from mtp_operator.adapters.kube import Kube
+from mtp_operator.adapters.telemetry import REGISTRY
+from mtp_operator.addresses import parse_address
+from mtp_operator.app import handlers
+from mtp_operator.control.alert_server import serve_alerts
+from mtp_operator.control.evaluator import run_evaluator
+from mtp_operator.control.leader import LeaderElector
+from mtp_operator.control.reconciler import Reconciler
+from mtp_operator.control.rollback import RollbackActions
+from mtp_operator.control.tuner import run_tuner
 from mtp_operator.settings import OperatorSettings
-from mtp_operator.tuning_loop import run_tuner
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +106,18 @@ async def run(opts: RunOptions) -> int:
             await elector.acquire()
         if opts.alerts_address:
             runners.append(
-                await actions.serve_alerts(
+                await serve_alerts(
                     opts.alerts_address,
                     opts.alerts_token_file,
                     opts.alerts_tls_cert,
                     opts.alerts_tls_key,
+                    actions.apply_signals,
                 )
             )
         evaluator_on = opts.settings.evaluator.enabled if opts.evaluator is None else opts.evaluator
         if evaluator_on:
             interval = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
-            tasks.append(asyncio.create_task(actions.run_evaluator(interval)))
+            tasks.append(asyncio.create_task(run_evaluator(actions, interval)))
         # measured K (spec.speculative.tuning): idle unless a resource turns it on
         scrape_every = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
         tasks.append(asyncio.create_task(run_tuner(reconciler, view, kube, scrape_every)))

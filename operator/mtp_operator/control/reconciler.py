@@ -1,6 +1,6 @@
 """Brings one MTPInference's pools in line with its spec and the cluster's GPU nodes.
 
-Reads come from in-memory views of the cluster (kopf indexes, see handlers.py), so a
+Reads come from in-memory views of the cluster (kopf indexes, see app/handlers.py), so a
 reconcile that finds nothing to do makes no API request at all; writes go through kube.Kube.
 Each resource is reconciled by one task at a time; a request that arrives while one runs
 makes it run once more, never twice in parallel.
@@ -20,10 +20,10 @@ from typing import Any, Protocol
 from lightkube import ApiError
 
 from mtp_operator import builders
+from mtp_operator.adapters.kube import TransportError
+from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
 from mtp_operator.drift import drifted_fields
-from mtp_operator.kube import TransportError
-from mtp_operator.metrics import OPERATOR_METRICS
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import (
     GPUNode,
@@ -33,10 +33,10 @@ from mtp_operator.planning import (
     no_fit_problem,
     plan_pool,
 )
-from mtp_operator.rollback.policy import format_time
 from mtp_operator.rollback.state import pool_rollback_state
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.status import StatusInput, build_status, observe_deployment, status_changed
+from mtp_operator.timestamps import format_time
 from mtp_operator.tuning.state import carried, planned_k
 from mtp_operator.validation import problems_text, spec_problems
 

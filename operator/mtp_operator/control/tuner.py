@@ -25,7 +25,7 @@ from mtp_operator.tuning.estimator import Measurement, measure
 from mtp_operator.tuning.settings import policy_for
 from mtp_operator.tuning.state import guard_from, published, trial_from
 from mtp_operator.validation import spec_problems
-from mtp_runtime.metrics import ParseError
+from mtp_runtime.exposition import ParseError
 from mtp_runtime.vllm_command import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
