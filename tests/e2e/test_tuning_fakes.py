@@ -11,7 +11,6 @@ proof is bench/tuning.py; this checks the operator's loop: status, Events, plann
 
 from __future__ import annotations
 
-import threading
 import time
 
 from support.cluster_fixtures import wait_for
@@ -33,27 +32,17 @@ def tps(k: int) -> float:
 
 
 class StepCost:
-    """Keeps each served pool's draft rate at rate(K of its pods)."""
+    """Gives every fake of the resource's pools the draft rate of its own K: rate(K)."""
 
     def __init__(self, fakes: PoolFakes, name: str) -> None:
         self.fakes, self.name = fakes, name
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            for product, served in self.fakes.serving(self.name).items():
-                ks = {s.k for s in served}
-                if len(ks) == 1:
-                    self.fakes.set_rate((self.name, product), rate(ks.pop()))
 
     def __enter__(self) -> StepCost:
-        self._t.start()
+        self.fakes.set_rate((self.name, H100), rate)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join(5)
+        pass
 
 
 def spec(mode: str, **tuning):
@@ -147,3 +136,31 @@ def test_auto_one_replica_trials_the_pool_adopts_and_a_new_generation_starts_ove
         o, H100)["numSpeculativeTokens"] == 4 and o, 30, message="back to the spec's K")
     assert pool(obj, H100)["source"] == "cap"
     assert not (pool(obj, H100).get("tuning") or {}).get("tunedK")
+
+
+def test_auto_canary_beside_the_pool_same_window_then_adopted(
+    kubeconfig, kubectl, namespace, start_operator
+):
+    start_operator("--namespace", namespace, "--evaluator-interval", str(INTERVAL))
+    apply(kubectl, namespace, "can", replicas=2, **spec("Auto"))
+    wait_ready(kubectl, namespace, "can")
+    with PoolFakes(kubeconfig, namespace, default_acceptance=P) as fakes, StepCost(fakes, "can"):
+        fakes.wait_serving({H100: 4}, resource="can")
+        # the canary: one pod at K=1 beside one replica of the Deployment at K=4
+        served = wait_for(lambda: (s := fakes.serving("can").get(H100) or []) and sorted(
+            x.k for x in s) == [1, 4] and s, 6 * WINDOW + 30, interval=0.5,
+            message="a canary at K=1 beside the pool")
+        assert any("canary-k1" in x.pod for x in served)
+        dep = deployments(kubectl, namespace, "can")[H100]
+        assert dep["spec"]["replicas"] == 1 and deployment_k(dep) == 4
+        t = tuning_of(kubectl, namespace, "can")
+        assert t["trial"]["kind"] == "canary" and t["trial"]["k"] == 1
+        # judged over one window against the K=4 replica: +25 %, adopted by the whole pool
+        t = wait_for(lambda: (x := tuning_of(kubectl, namespace, "can")).get("tunedK") == 1
+                     and x, 6 * WINDOW + 30, interval=1, message="K=1 adopted")
+        assert t["trials"][0]["kind"] == "canary" and "same window" in t["trials"][0]["reason"]
+        fakes.wait_serving({H100: 1}, resource="can", timeout=60)
+        dep = deployments(kubectl, namespace, "can")[H100]
+        assert dep["spec"]["replicas"] == 2 and deployment_k(dep) == 1
+        wait_for(lambda: not [p for p in kubectl("get", "pods", "-n", namespace, "-o", "name")
+                              .stdout.split() if "canary" in p], 30, message="canary deleted")

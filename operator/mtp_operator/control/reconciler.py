@@ -37,7 +37,7 @@ from mtp_operator.rollback.state import pool_rollback_state
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.status import StatusInput, build_status, observe_deployment, status_changed
 from mtp_operator.timestamps import format_time
-from mtp_operator.tuning.state import carried, planned_k
+from mtp_operator.tuning.state import canary_plans, carried, planned_k
 from mtp_operator.validation import problems_text, spec_problems
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class _Slot:
     # scale are for a pool's status change and find the same spec and the same plans.
     spec_memo: tuple[str, Any, Any] | None = None  # (spec as JSON, spec, problems)
     desired_memo: tuple[Any, list[dict[str, Any]]] | None = None  # (inputs, objects)
+    canaries: dict[str, str] = field(default_factory=dict)  # GPU product → canary pod applied
 
 
 SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
@@ -295,7 +296,8 @@ class Reconciler:
 
         assert spec is not None
         uid = meta.get("uid", "")
-        desired = self._desired(key, uid, spec, plans)
+        canaries = canary_plans(spec, plans, tuning, rollback.k_for, self.settings.gpu_profiles)
+        desired = self._desired(key, uid, spec, plans, frozenset(canaries))
         hashes: dict[str, str] = {}
         apply_error = None
         try:
@@ -307,6 +309,7 @@ class Reconciler:
             for obj, plan in zip(desired[1:], plans, strict=True):
                 hashes[plan.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
                 await self._apply_pool(body, obj, plan, observed_bodies.get(plan.gpu_product))
+            await self._apply_canaries(key, body, uid, spec, canaries)
             removed = [p for p in observed_bodies if p not in {pl.gpu_product for pl in plans}]
             for product in removed:
                 dep = observed_bodies[product]
@@ -358,7 +361,24 @@ class Reconciler:
             slot.spec_memo = (text, spec, found)
         return slot.spec_memo[1], list(slot.spec_memo[2] or [])
 
-    def _desired(self, key: Key, uid: str, spec: Any, plans: list[PoolPlan]) -> list[dict]:
+    async def _apply_canaries(
+        self, key: Key, body: Mapping[str, Any], uid: str, spec: Any,
+        canaries: Mapping[str, PoolPlan],
+    ) -> None:
+        """Create each canary pod once (the tuner deletes it when its trial ends)."""
+        slot = self.slot(key)
+        for product, plan in canaries.items():
+            pod = builders.canary_pod(key[1], key[0], uid, spec, plan,
+                                      self.settings.default_image, self.settings.gpu_profiles)
+            name = pod["metadata"]["name"]
+            if slot.canaries.get(product) != name:
+                await self.kube.apply(pod)
+                slot.canaries[product] = name
+        for product in [p for p in slot.canaries if p not in canaries]:
+            del slot.canaries[product]
+
+    def _desired(self, key: Key, uid: str, spec: Any, plans: list[PoolPlan],
+                 canaries: frozenset[str] = frozenset()) -> list[dict]:
         """builders.desired_objects (pure), reused while its inputs are the same. The spec
         and each pool's K determine a plan's serve settings; the objects are never mutated."""
         slot = self.slot(key)
@@ -367,6 +387,7 @@ class Reconciler:
             slot.spec_memo[0],
             uid,
             tuple((p.gpu_product, p.k, p.source, p.k_mode, p.serve) for p in plans),
+            canaries,
         )
         if slot.desired_memo is None or slot.desired_memo[0] != inputs:
             objs = builders.desired_objects(
@@ -377,6 +398,7 @@ class Reconciler:
                 plans,
                 self.settings.default_image,
                 self.settings.gpu_profiles,
+                canaries,
             )
             slot.desired_memo = (inputs, objs)
         return slot.desired_memo[1]

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from mtp_operator.naming import canary_pod_name
 from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_counters
 from mtp_operator.tuning.decision import Trial, decide
 from mtp_operator.tuning.estimator import Measurement, measure
@@ -141,7 +142,7 @@ class Tuner:
             pool, spec.rollback.cooldown_seconds, now, float(spec.rollback.window_seconds)
         )
         running = trial.from_k if trial is not None else pool["numSpeculativeTokens"]
-        replicas = int(pool.get("replicas") or spec.replicas)
+        replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
         d = decide(policy, running, trial, history, mem.table, guard, now, replicas)
         events: list[tuple[str, str, str]] = []
         product = pool["gpuProduct"]
@@ -170,11 +171,15 @@ class Tuner:
             status = self.reconciler.current_status(key, body)
             pools = [dict(p) for p in status.get("pools") or []]
             changed_k = False
+            ended_canary = None
             for p in pools:
                 if p["gpuProduct"] == product:
                     old = p.get("tuning") or {}
                     changed_k = (old.get("tunedK"), _trial_key(old)) != (
                         entry.get("tunedK"), _trial_key(entry))
+                    was = old.get("trial") or {}
+                    if was.get("kind") == "canary" and _trial_key(old) != _trial_key(entry):
+                        ended_canary = int(was["k"])
                     p["tuning"] = entry
             new_status = {**status, "pools": pools}
             await self.reconciler.write_status(key, body, status, new_status)
@@ -182,6 +187,9 @@ class Tuner:
                 await self.kube.event(body, reason, message, kind)
             if changed_k:  # the pool (or its canary) runs another K now
                 await self.reconciler.reconcile_locked(key)
+            if ended_canary is not None:  # after the pool got its replica back
+                await self.kube.delete_pod(key[0], canary_pod_name(key[1], product,
+                                                                    ended_canary))
 
 
 def _trial_key(tuning: dict) -> tuple | None:

@@ -6,12 +6,13 @@ history); the measured table is in memory only and is measured again after a res
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from mtp_operator.api.tuning import MAX_TRIAL_HISTORY, MAX_TUNING_ROWS, PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
+from mtp_operator.planning import PlanError, PoolPlan, plan_pool
 from mtp_operator.timestamps import format_time, parse_time
 
 from .decision import Decision, Guard, Trial
@@ -78,6 +79,30 @@ def canary_k(tuning: Mapping[str, Any] | None) -> int | None:
     """The K of a canary trial running now, if any."""
     trial = (tuning or {}).get("trial")
     return int(trial["k"]) if trial and trial.get("kind") == "canary" else None
+
+
+def canary_plans(
+    spec: MTPInferenceSpec,
+    plans: Sequence[PoolPlan],
+    tuning: Mapping[str, Mapping[str, Any]],
+    rollback_k: Callable[[str], int | None],
+    cluster_profiles: Mapping[str, int] | None,
+) -> dict[str, PoolPlan]:
+    """Pools running a canary trial now (2+ replicas) → the canary replica's plan."""
+    out: dict[str, PoolPlan] = {}
+    if spec.replicas < 2:
+        return out
+    for plan in plans:
+        k = canary_k(tuning.get(plan.gpu_product))
+        if k is None or k == plan.k:
+            continue
+        try:
+            out[plan.gpu_product] = plan_pool(
+                spec, plan.gpu_product, cluster_profiles, rollback_k(plan.gpu_product), k
+            )
+        except PlanError:
+            continue
+    return out
 
 
 def guard_from(pool: Mapping[str, Any], cooldown_seconds: float, now: datetime,
