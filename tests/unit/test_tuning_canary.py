@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from mtp_operator import builders
+from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.naming import LABEL_CANARY, pool_labels, pool_selector
 from mtp_operator.planning import plan_pool
@@ -21,8 +22,9 @@ def spec(replicas=3):
 
 
 def tuning(kind="canary", k=2):
-    return {H100: {"mode": "Auto", "trial": {"k": k, "fromK": 4, "kind": kind,
-                                             "started": "2026-12-01T08:00:00Z"}}}
+    return {H100: PoolTuningStatus.model_validate({
+        "mode": "Auto",
+        "trial": {"k": k, "fromK": 4, "kind": kind, "started": "2026-12-01T08:00:00Z"}})}
 
 
 def test_canary_plan_only_for_a_canary_trial_with_two_or_more_replicas():

@@ -66,10 +66,39 @@ def test_a_tuned_k_plans_the_pool_and_a_rollback_still_wins():
 
 
 def test_tuning_summary_in_status():
-    from mtp_operator.status import _tuning_summary
+    from mtp_operator.api.v1alpha1 import PoolStatus
+    from mtp_operator.status import tuning_summary
 
-    pools = [{"gpuProduct": "NVIDIA-H100-80GB-HBM3", "tuning": {"recommendedK": 4}},
-             {"gpuProduct": "NVIDIA-A100-SXM4-80GB", "tuning": {"recommendedK": None}},
-             {"gpuProduct": "NVIDIA-L40S"}]
-    assert _tuning_summary(pools) == {"tuningSummary": "H100:4 A100:-"}
-    assert _tuning_summary(pools[2:]) == {}
+    def pool(product, tuning):
+        return PoolStatus.model_validate({"gpuProduct": product, "numSpeculativeTokens": 4,
+                                          "source": "profile", "deployment": "d",
+                                          "tuning": tuning})
+
+    pools = [pool("NVIDIA-H100-80GB-HBM3", {"mode": "Recommend", "recommendedK": 4}),
+             pool("NVIDIA-A100-SXM4-80GB", {"mode": "Recommend"}),
+             pool("NVIDIA-L40S", None)]
+    assert tuning_summary(pools) == "H100:4 A100:-"
+    assert tuning_summary(pools[2:]) is None
+
+
+def test_tuning_state_is_kept_for_its_generation_only_and_folded_in():
+    from mtp_operator.api.tuning import PoolTuningStatus
+    from mtp_operator.api.v1alpha1 import MTPInferenceStatus
+    from mtp_operator.tuning.state import carried, planned_k, with_tuning
+
+    status = MTPInferenceStatus.model_validate({"pools": [
+        {"gpuProduct": "A", "numSpeculativeTokens": 4, "source": "profile", "deployment": "a",
+         "tuning": {"mode": "Auto", "tunedK": 2, "generation": 3}},
+        {"gpuProduct": "B", "numSpeculativeTokens": 4, "source": "profile", "deployment": "b",
+         "tuning": {"mode": "Auto", "tunedK": 1, "generation": 2}},
+    ]})
+    auto = spec(tuning={"mode": "Auto"})
+    kept = carried(status, auto, 3)
+    assert set(kept) == {"A"} and planned_k(kept["A"]) == 2  # B's is from generation 2
+    assert carried(status, spec(), 3) == {}  # tuning off: nothing kept
+    new = PoolTuningStatus.model_validate({"mode": "Auto", "generation": 3,
+                                           "trial": {"k": 6, "fromK": 2, "kind": "pool",
+                                                     "started": "2026-12-01T08:00:00Z"}})
+    folded = with_tuning(status, {"B": new})
+    assert folded.pools[1].tuning == new and folded.pools[0] == status.pools[0]
+    assert planned_k(new) == 6  # a whole-pool trial runs the pool at the trial K

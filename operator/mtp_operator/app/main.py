@@ -17,7 +17,7 @@ from aiohttp import web
 from lightkube import AsyncClient
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from mtp_operator.adapters.kube import Kube
+from mtp_operator.adapters.kube import KubeClient
 from mtp_operator.adapters.telemetry import REGISTRY
 from mtp_operator.addresses import parse_address
 from mtp_operator.app import handlers
@@ -79,7 +79,7 @@ async def _serve_metrics(address: str, ready: asyncio.Event) -> web.AppRunner:
 
 async def run(opts: RunOptions) -> int:
     client = AsyncClient(field_manager="mtp-operator")
-    kube = Kube(client)
+    kube = KubeClient(client)
     view = handlers.KopfView()
     reconciler = Reconciler(kube, view, opts.settings)
     actions = RollbackActions(kube, view, reconciler)

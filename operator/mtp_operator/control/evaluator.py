@@ -42,11 +42,11 @@ class Evaluator:
             spec, found = spec_problems(body.get("spec") or {})
             if spec is None or found or not spec.rollback.enabled:
                 continue
-            for pool in reconciler.current_status(key, body).get("pools") or []:
-                ref = PoolRef(key[0], key[1], pool["gpuProduct"])
-                pods = view.pool_pod_ips(key, pool["gpuProduct"])
+            for pool in reconciler.current_status(key, body).pools:
+                ref = PoolRef(key[0], key[1], pool.gpu_product)
+                pods = view.pool_pod_ips(key, pool.gpu_product)
                 if pods:
-                    work.append((ref, spec.rollback, pool["numSpeculativeTokens"], pods))
+                    work.append((ref, spec.rollback, pool.num_speculative_tokens, pods))
         seen = {ref for ref, *_ in work}
         for gone in set(self.pools) - seen:
             del self.pools[gone]

@@ -1,10 +1,12 @@
 """Acting on rollback signals: the I/O around the pure policy.
 
 Both ways in (Alertmanager's webhook and the built-in evaluator) end in `apply_signals`:
-for each signal it finds the pool, asks `policy.decide`, records the outcome in status
-(history, condition, alert times), posts an Event, counts it, and lets the reconciler roll
-exactly that pool's Deployment to the new K. It runs under the resource's reconcile lock,
-so a rollback and a reconcile never interleave.
+for each signal it finds the pool and asks `policy.decide`; the decisions are values, handed
+to one reconcile pass of the resource, which folds them into the status (pin, history, alert
+times; `rollback.state.with_decisions`), rolls exactly the affected pools' Deployments to the
+new K and writes the status once (the reconciler is the one status writer). Then each
+rollback is announced with an Event and counted. It runs under the resource's reconcile
+lock, so a rollback and a reconcile never interleave.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
-from mtp_operator.api.v1alpha1 import MAX_ROLLBACK_HISTORY
-from mtp_operator.control.reconciler import Key, Reconciler
+from mtp_operator.control.ports import ClusterView, Key, Kube
+from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
+from mtp_operator.events import REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back
 from mtp_operator.planning import PlanError, plan_pool
-from mtp_operator.rollback.policy import PoolRollbackState, decide
+from mtp_operator.rollback.policy import Decision, PoolRollbackState, decide
 from mtp_operator.rollback.signals import AlertSignal
+from mtp_operator.rollback.state import with_decisions
 from mtp_operator.validation import spec_problems
 
 log = logging.getLogger(__name__)
@@ -43,8 +46,8 @@ class Outcome:
 class RollbackActions:
     def __init__(
         self,
-        kube: Any,
-        view: Any,
+        kube: Kube,
+        view: ClusterView,
         reconciler: Reconciler,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -85,21 +88,17 @@ class RollbackActions:
             return
         slot = self.reconciler.slot(key)
         async with slot.lock:
-            meta = body.get("metadata") or {}
-            generation = meta.get("generation")
+            generation = (body.get("metadata") or {}).get("generation")
             status = self.reconciler.current_status(key, body)
-            pools = {p["gpuProduct"]: dict(p) for p in status.get("pools") or []}
-            records: list[dict[str, Any]] = []
-            touched = False
+            decisions: list[Decision] = []
             for sig in sigs:
-                pool = pools.get(sig.target.gpu_product)
+                product = sig.target.gpu_product
+                pool = next((p for p in status.pools if p.gpu_product == product), None)
                 if pool is None:
-                    outcome.unknown.append(f"{key[0]}/{key[1]}/{sig.target.gpu_product}")
+                    outcome.unknown.append(f"{key[0]}/{key[1]}/{product}")
                     continue
                 try:
-                    spec_k = plan_pool(
-                        spec, sig.target.gpu_product, self.reconciler.settings.gpu_profiles
-                    ).k
+                    spec_k = plan_pool(spec, product, self.reconciler.settings.gpu_profiles).k
                 except PlanError:
                     outcome.unchanged += 1
                     continue
@@ -107,41 +106,31 @@ class RollbackActions:
                     pool, spec_k, spec.speculative.mtp_layers
                 )
                 decision = decide(state, sig, spec.rollback, self.clock(), generation)
-                fields = {k: v for k, v in decision.state.status_fields().items()}
-                before = dict(pool)
-                pool.update(fields)
-                for k, v in fields.items():
-                    if v is None:
-                        pool.pop(k, None)
-                touched |= pool != before
+                after = with_decisions(status, [decision])  # the next signal sees this one
+                if after != status:
+                    decisions.append(decision)
+                    status = after
                 if decision.record is None:
                     outcome.unchanged += 1
-                    log.info(
-                        "%s/%s %s: %s", key[0], key[1], sig.target.gpu_product, decision.reason
-                    )
+                    log.info("%s/%s %s: %s", key[0], key[1], product, decision.reason)
                     continue
                 outcome.rolled_back += 1
-                records.append(decision.record.model_dump(by_alias=True, exclude_none=True))
-                OPERATOR_METRICS.rollbacks.labels(
-                    key[0], key[1], sig.target.gpu_product, sig.alert
-                ).inc()
-                log.warning("%s/%s %s: %s", key[0], key[1], sig.target.gpu_product, decision.reason)
-            if not touched:
+                OPERATOR_METRICS.rollbacks.labels(key[0], key[1], product, sig.alert).inc()
+                log.warning("%s/%s %s: %s", key[0], key[1], product, decision.reason)
+            if not decisions:
                 return
-            new_status = dict(status)
-            new_status["pools"] = [pools[p["gpuProduct"]] for p in status.get("pools") or []]
-            history = list(status.get("rollbacks") or []) + records
-            new_status["rollbacks"] = history[-MAX_ROLLBACK_HISTORY:]
-            await self.reconciler.write_status(key, body, status, new_status)
+            records = [d.record for d in decisions if d.record is not None]
+            failed: TransientReconcileError | None = None
+            try:
+                # One pass: the decisions into status, exactly the affected pools rolled.
+                await self.reconciler.reconcile_locked(key, decisions)
+            except TransientReconcileError as err:
+                failed = err  # status (with the rollbacks) is written; a pool write failed
+            if records and failed is None:
+                OPERATOR_METRICS.signal_to_patch.observe(time.monotonic() - received)
             for rec in records:
                 await self.kube.event(
-                    body,
-                    "SpeculationRolledBack",
-                    f"pool {rec['gpuProduct']}: K {rec['fromK']} -> {rec['toK']} ({rec['reason']},"
-                    f" via {rec.get('via')})",
-                    "Warning",
+                    body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back(rec), "Warning"
                 )
-            if records:
-                # Roll exactly the affected pools now, under the same lock.
-                await self.reconciler.reconcile_locked(key)
-                OPERATOR_METRICS.signal_to_patch.observe(time.monotonic() - received)
+            if failed is not None:
+                raise failed

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from mtp_operator.api.v1alpha1 import PoolStatus
 from mtp_operator.naming import canary_pod_name
 from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_counters
 from mtp_operator.tuning.decision import Trial, decide
@@ -84,8 +85,8 @@ class Tuner:
                 continue
             generation = (body.get("metadata") or {}).get("generation")
             status = self.reconciler.current_status(key, body)
-            for pool in status.get("pools") or []:
-                product = pool["gpuProduct"]
+            for pool in status.pools:
+                product = pool.gpu_product
                 ref = (key[0], key[1], product)
                 seen.add(ref)
                 mem = self.pools.setdefault(ref, PoolMemory(generation))
@@ -130,22 +131,22 @@ class Tuner:
         mem.window_start = t
 
     async def _decide(
-        self, key, body, spec, pool, mem: PoolMemory, policy, generation, now: datetime
+        self, key, body, spec, pool: PoolStatus, mem: PoolMemory, policy, generation,
+        now: datetime,
     ) -> None:
-        tuning = pool.get("tuning") or {}
-        if tuning.get("generation") != generation:
-            tuning = {}
-        trial = trial_from(tuning.get("trial"))
-        history = [t for t in (trial_from(r) for r in tuning.get("trials") or []) if t]
-        tuned_k = tuning.get("tunedK")
+        tuning = pool.tuning if pool.tuning and pool.tuning.generation == generation else None
+        trial = trial_from(tuning.trial if tuning else None)
+        history = [t for t in (trial_from(r) for r in (tuning.trials if tuning else [])) if t]
+        tuned_k = tuning.tuned_k if tuning else None
         guard = guard_from(
             pool, spec.rollback.cooldown_seconds, now, float(spec.rollback.window_seconds)
         )
-        running = trial.from_k if trial is not None else pool["numSpeculativeTokens"]
+        running = trial.from_k if trial is not None else pool.num_speculative_tokens
         replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
         d = decide(policy, running, trial, history, mem.table, guard, now, replicas)
         events: list[tuple[str, str, str]] = []
-        product = pool["gpuProduct"]
+        product = pool.gpu_product
+        ended_canary = None
         if d.action == "start_trial" and d.trial_k is not None and d.trial_kind is not None:
             trial = Trial(d.trial_k, running, now, d.trial_kind)
             events.append(("TuningTrialStarted", f"pool {product}: {d.reason}", "Normal"))
@@ -155,46 +156,29 @@ class Tuner:
                                  outcome, d.reason))  # type: ignore[arg-type]
             if d.action == "adopt":
                 tuned_k = d.k
+            if trial.kind == "canary":
+                ended_canary = trial.k
             trial = None
             kind = "TuningAdopted" if d.action == "adopt" else "TuningTrialEnded"
             events.append((kind, f"pool {product}: {d.reason}",
                            "Warning" if d.action == "abort" else "Normal"))
-        elif d.recommended_k != tuning.get("recommendedK") and d.recommended_k is not None:
+        elif d.recommended_k is not None and d.recommended_k != (
+                tuning.recommended_k if tuning else None):
             events.append(("TuningRecommended", f"pool {product}: recommends K="
                            f"{d.recommended_k} (runs K={running}): {d.reason}", "Normal"))
         entry = published(policy.mode, d, mem.table, trial, history, tuned_k, generation, now)
-        await self._write(key, body, product, entry, events)
-
-    async def _write(self, key, body, product: str, entry: dict, events) -> None:
         slot = self.reconciler.slot(key)
         async with slot.lock:
-            status = self.reconciler.current_status(key, body)
-            pools = [dict(p) for p in status.get("pools") or []]
-            changed_k = False
-            ended_canary = None
-            for p in pools:
-                if p["gpuProduct"] == product:
-                    old = p.get("tuning") or {}
-                    changed_k = (old.get("tunedK"), _trial_key(old)) != (
-                        entry.get("tunedK"), _trial_key(entry))
-                    was = old.get("trial") or {}
-                    if was.get("kind") == "canary" and _trial_key(old) != _trial_key(entry):
-                        ended_canary = int(was["k"])
-                    p["tuning"] = entry
-            new_status = {**status, "pools": pools}
-            await self.reconciler.write_status(key, body, status, new_status)
-            for reason, message, kind in events:
-                await self.kube.event(body, reason, message, kind)
-            if changed_k:  # the pool (or its canary) runs another K now
-                await self.reconciler.reconcile_locked(key)
-            if ended_canary is not None:  # after the pool got its replica back
+            # one reconcile pass folds the entry into status (the one status writer), plans
+            # the pool with it (tuned K, whole-pool trial, canary) and writes once
+            await self.reconciler.reconcile_locked(key, tuning={product: entry})
+            for reason, message, type_ in events:
+                await self.kube.event(body, reason, message, type_)
+            if ended_canary is not None:  # the pool has its replica back: drop the canary
                 await self.kube.delete_pod(key[0], canary_pod_name(key[1], product,
                                                                     ended_canary))
-
-
-def _trial_key(tuning: dict) -> tuple | None:
-    t = tuning.get("trial")
-    return (t.get("k"), t.get("kind"), t.get("started")) if t else None
+        if slot.dirty:  # a reconcile asked for while we held the lock was deferred to us
+            await self.reconciler.reconcile(key)
 
 
 async def run_tuner(reconciler: Any, view: Any, kube: Any, interval: float) -> None:

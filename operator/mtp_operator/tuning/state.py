@@ -10,8 +10,13 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from mtp_operator.api.tuning import MAX_TRIAL_HISTORY, MAX_TUNING_ROWS, PoolTuningStatus
-from mtp_operator.api.v1alpha1 import MTPInferenceSpec
+from mtp_operator.api.tuning import (
+    MAX_TRIAL_HISTORY,
+    MAX_TUNING_ROWS,
+    PoolTuningStatus,
+    TuningTrial,
+)
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
 from mtp_operator.planning import PlanError, PoolPlan, plan_pool
 from mtp_operator.timestamps import format_time, parse_time
 
@@ -20,71 +25,68 @@ from .estimator import CostFit, Measurement
 
 
 def carried(
-    previous_status: Mapping[str, Any], spec: MTPInferenceSpec | None, generation: int | None
-) -> dict[str, dict[str, Any]]:
-    """The tuning entries the reconciler keeps, by GPU product: none when tuning is off, and
+    previous: MTPInferenceStatus, spec: MTPInferenceSpec | None, generation: int | None
+) -> dict[str, PoolTuningStatus]:
+    """The tuning entries a reconcile pass keeps, by GPU product: none when tuning is off, and
     none from another spec generation (a new generation starts tuning over from the spec)."""
     if spec is None or spec.speculative.tuning.mode == "Off":
         return {}
-    out = {}
-    for pool in previous_status.get("pools") or []:
-        t = pool.get("tuning")
-        if t and t.get("generation") == generation:
-            out[pool["gpuProduct"]] = dict(t)
-    return out
+    return {
+        p.gpu_product: p.tuning
+        for p in previous.pools
+        if p.tuning is not None and p.tuning.generation == generation
+    }
 
 
-def trial_from(raw: Mapping[str, Any] | None) -> Trial | None:
-    if not raw:
+def with_tuning(
+    status: MTPInferenceStatus, updates: Mapping[str, PoolTuningStatus]
+) -> MTPInferenceStatus:
+    """`status` with the tuner's new entries in their pools (pools it does not list: left)."""
+    if not updates:
+        return status
+    pools = [
+        p.model_copy(update={"tuning": updates[p.gpu_product]})
+        if p.gpu_product in updates else p
+        for p in status.pools
+    ]
+    return status.model_copy(update={"pools": pools})
+
+
+def trial_from(raw: TuningTrial | None) -> Trial | None:
+    started = parse_time(raw.started) if raw is not None else None
+    if raw is None or started is None:
         return None
-    started = parse_time(raw.get("started"))
-    if started is None:
-        return None
-    return Trial(
-        k=int(raw["k"]),
-        from_k=int(raw["fromK"]),
-        started=started,
-        kind=raw.get("kind", "pool"),
-        ended=parse_time(raw.get("ended")),
-        outcome=raw.get("outcome"),
-        reason=raw.get("reason", ""),
+    return Trial(raw.k, raw.from_k, started, raw.kind, parse_time(raw.ended), raw.outcome,
+                 raw.reason)
+
+
+def trial_status(t: Trial) -> TuningTrial:
+    return TuningTrial(
+        k=t.k, from_k=t.from_k, kind=t.kind, started=format_time(t.started),
+        ended=format_time(t.ended) if t.ended is not None else None, outcome=t.outcome,
+        reason=t.reason,
     )
 
 
-def trial_dict(t: Trial) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "k": t.k, "fromK": t.from_k, "kind": t.kind, "started": format_time(t.started),
-    }
-    if t.ended is not None:
-        out["ended"] = format_time(t.ended)
-    if t.outcome is not None:
-        out["outcome"] = t.outcome
-    if t.reason:
-        out["reason"] = t.reason
-    return out
-
-
-def planned_k(tuning: Mapping[str, Any] | None) -> int | None:
+def planned_k(tuning: PoolTuningStatus | None) -> int | None:
     """The K tuning wants the whole pool at: a whole-pool trial's K, else the adopted K."""
-    if not tuning:
+    if tuning is None:
         return None
-    trial = tuning.get("trial")
-    if trial and trial.get("kind") == "pool":
-        return int(trial["k"])
-    k = tuning.get("tunedK")
-    return int(k) if k is not None else None
+    if tuning.trial is not None and tuning.trial.kind == "pool":
+        return tuning.trial.k
+    return tuning.tuned_k
 
 
-def canary_k(tuning: Mapping[str, Any] | None) -> int | None:
+def canary_k(tuning: PoolTuningStatus | None) -> int | None:
     """The K of a canary trial running now, if any."""
-    trial = (tuning or {}).get("trial")
-    return int(trial["k"]) if trial and trial.get("kind") == "canary" else None
+    trial = tuning.trial if tuning is not None else None
+    return trial.k if trial is not None and trial.kind == "canary" else None
 
 
 def canary_plans(
     spec: MTPInferenceSpec,
     plans: Sequence[PoolPlan],
-    tuning: Mapping[str, Mapping[str, Any]],
+    tuning: Mapping[str, PoolTuningStatus],
     rollback_k: Callable[[str], int | None],
     cluster_profiles: Mapping[str, int] | None,
 ) -> dict[str, PoolPlan]:
@@ -105,15 +107,15 @@ def canary_plans(
     return out
 
 
-def guard_from(pool: Mapping[str, Any], cooldown_seconds: float, now: datetime,
+def guard_from(pool: PoolStatus, cooldown_seconds: float, now: datetime,
                alert_window: float) -> Guard:
     """Rollback's view of the pool from its status fields."""
-    last_rb = parse_time(pool.get("lastRollbackTime"))
-    last_alert = parse_time(pool.get("lastAlertTime"))
+    last_rb = parse_time(pool.last_rollback_time)
+    last_alert = parse_time(pool.last_alert_time)
     return Guard(
-        alert_firing=last_alert is not None and now - last_alert < timedelta(
-            seconds=alert_window),
-        rollback_pinned=pool.get("rollbackK") is not None,
+        alert_firing=last_alert is not None
+        and now - last_alert < timedelta(seconds=alert_window),
+        rollback_pinned=pool.rollback_k is not None,
         cooldown_until=last_rb + timedelta(seconds=cooldown_seconds) if last_rb else None,
     )
 
@@ -160,8 +162,8 @@ def published(
     tuned_k: int | None,
     generation: int | None,
     now: datetime,
-) -> dict[str, Any]:
-    """status.pools[].tuning for one pool (validated against the API model)."""
+) -> PoolTuningStatus:
+    """status.pools[].tuning for one pool."""
     rows = sorted(table, key=lambda m: m.end)[-MAX_TUNING_ROWS:]
     ests = []
     for e in decision.estimates[:MAX_TUNING_ROWS]:
@@ -178,7 +180,7 @@ def published(
         "reason": decision.reason,
         "measured": [_measured(m) for m in rows],
         "estimates": ests,
-        "trials": [trial_dict(t) for t in history[-MAX_TRIAL_HISTORY:]],
+        "trials": [trial_status(t) for t in history[-MAX_TRIAL_HISTORY:]],
         "generation": generation,
         "updated": format_time(now),
     }
@@ -187,10 +189,9 @@ def published(
     if decision.fit is not None:
         out["stepCost"] = _fit(decision.fit)
     if trial is not None:
-        out["trial"] = trial_dict(trial)
+        out["trial"] = trial_status(trial)
     if tuned_k is not None:
         out["tunedK"] = tuned_k
     if generation is None:
         out.pop("generation")
-    PoolTuningStatus.model_validate(out)
-    return out
+    return PoolTuningStatus.model_validate(out)
