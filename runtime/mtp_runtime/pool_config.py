@@ -29,7 +29,10 @@ class PoolConfig:
     max_speculative_tokens: int | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        data = asdict(self)
+        if not data["serve"]["batch_size_schedule"]:  # absent unless set (same hash as before)
+            del data["serve"]["batch_size_schedule"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> PoolConfig:

@@ -61,6 +61,16 @@ class TuningSpec(_Model):
     )
 
 
+class BatchSizeRange(_Model):
+    """One entry of vLLM's `num_speculative_tokens_per_batch_size`: K for a batch-size range."""
+
+    min_batch_size: int = Field(ge=1, description="First batch size of the range.")
+    max_batch_size: int = Field(ge=1, description="Last batch size of the range (inclusive).")
+    num_speculative_tokens: int = Field(
+        ge=0, description="K for these batch sizes (vLLM caps it at the pool's K)."
+    )
+
+
 # ---- status -------------------------------------------------------------------------------
 
 

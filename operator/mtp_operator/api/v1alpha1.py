@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from mtp_operator.api.tuning import TUNING_CEL, PoolTuningStatus, TuningSpec
+from mtp_operator.api.tuning import TUNING_CEL, BatchSizeRange, PoolTuningStatus, TuningSpec
 
 GROUP = "mtp-operator.io"
 VERSION = "v1alpha1"
@@ -66,6 +66,13 @@ class SpeculativeSpec(_Model):
         ge=1,
         description="The model's MTP depth (n_predict). vLLM rejects K above it unless K is a "
         "multiple of it; profile values are lowered to fit.",
+    )
+    batch_size_schedule: list[BatchSizeRange] | None = Field(
+        None,
+        max_length=64,
+        description="K per batch size (vLLM's num_speculative_tokens_per_batch_size): vLLM "
+        "picks each engine step's K by how many requests run; ranges sorted, not overlapping, "
+        "the first from batch size 1; each K capped at the pool's K.",
     )
     tuning: TuningSpec = Field(
         default_factory=TuningSpec,  # type: ignore[arg-type]

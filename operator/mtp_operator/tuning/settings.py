@@ -48,4 +48,10 @@ def tuning_problems(spec: MTPInferenceSpec) -> list[tuple[str, str]]:
                 ))
         if t.mode != "Off" and not t.candidates:
             found.append(("speculative.tuning.candidates", "must list at least one K to tune"))
+    if t.mode != "Off" and s.batch_size_schedule:
+        found.append((
+            "speculative.tuning.mode",
+            "cannot tune a pool that runs a batchSizeSchedule: its K changes with every "
+            "engine step, so a window measures no single K (remove one of the two)",
+        ))
     return found
