@@ -135,6 +135,11 @@ class PoolTuningStatus(_Model):
     measured: list[TuningMeasurement] = Field(default_factory=list, max_length=MAX_TUNING_ROWS)
     estimates: list[TuningEstimate] = Field(default_factory=list, max_length=MAX_TUNING_ROWS)
     step_cost: StepCost | None = None
+    recommended_schedule: list[BatchSizeRange] | None = Field(
+        None,
+        description="When windows at different concurrencies have different best measured "
+        "K: a speculative.batchSizeSchedule that gives each load its K.",
+    )
     trial: TuningTrial | None = Field(None, description="The trial running now.")
     trials: list[TuningTrial] = Field(
         default_factory=list, max_length=MAX_TRIAL_HISTORY, description="Ended trials."

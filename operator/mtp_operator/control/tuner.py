@@ -24,6 +24,7 @@ from mtp_operator.naming import canary_pod_name
 from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_counters
 from mtp_operator.tuning.decision import Trial, decide
 from mtp_operator.tuning.estimator import Measurement, measure
+from mtp_operator.tuning.schedule import recommend_schedule
 from mtp_operator.tuning.settings import policy_for
 from mtp_operator.tuning.state import guard_from, published, trial_from
 from mtp_operator.validation import spec_problems
@@ -166,7 +167,8 @@ class Tuner:
                 tuning.recommended_k if tuning else None):
             events.append(("TuningRecommended", f"pool {product}: recommends K="
                            f"{d.recommended_k} (runs K={running}): {d.reason}", "Normal"))
-        entry = published(policy.mode, d, mem.table, trial, history, tuned_k, generation, now)
+        entry = published(policy.mode, d, mem.table, trial, history, tuned_k, generation, now,
+                          recommend_schedule(mem.table))
         slot = self.reconciler.slot(key)
         async with slot.lock:
             # one reconcile pass folds the entry into status (the one status writer), plans

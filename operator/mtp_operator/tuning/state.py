@@ -162,6 +162,7 @@ def published(
     tuned_k: int | None,
     generation: int | None,
     now: datetime,
+    schedule: Sequence[tuple[int, int, int]] | None = None,
 ) -> PoolTuningStatus:
     """status.pools[].tuning for one pool."""
     rows = sorted(table, key=lambda m: m.end)[-MAX_TUNING_ROWS:]
@@ -188,6 +189,11 @@ def published(
         out["recommendedK"] = decision.recommended_k
     if decision.fit is not None:
         out["stepCost"] = _fit(decision.fit)
+    if schedule:
+        out["recommendedSchedule"] = [
+            {"minBatchSize": a, "maxBatchSize": b, "numSpeculativeTokens": k}
+            for a, b, k in schedule
+        ]
     if trial is not None:
         out["trial"] = trial_status(trial)
     if tuned_k is not None:
