@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mtp_operator.api.v1alpha1 import GROUP, KIND, VERSION, MTPInferenceSpec
+from mtp_operator.model_cache import EffectiveCache, volume, volume_mount
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
     ANNOTATION_GPU_PRODUCT,
@@ -49,7 +50,10 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
 
 
 def pool_config(
-    spec: MTPInferenceSpec, plan: PoolPlan, cluster_profiles: Mapping[str, int]
+    spec: MTPInferenceSpec,
+    plan: PoolPlan,
+    cluster_profiles: Mapping[str, int],
+    model_cache: EffectiveCache | None = None,
 ) -> PoolConfig:
     return PoolConfig(
         serve=plan.serve,
@@ -59,6 +63,7 @@ def pool_config(
         profiles=entries_for(spec.speculative.profiles, plan.gpu_product),
         cluster_overrides=entries_for(cluster_profiles, plan.gpu_product),
         max_speculative_tokens=spec.speculative.max_speculative_tokens,
+        model_cache=model_cache.runtime if model_cache else None,
     )
 
 
@@ -71,7 +76,13 @@ def _resources(spec: MTPInferenceSpec) -> dict[str, Any]:
     return resources
 
 
-def _pod_spec(spec: MTPInferenceSpec, plan: PoolPlan, config: PoolConfig, image: str) -> dict:
+def _pod_spec(
+    spec: MTPInferenceSpec,
+    plan: PoolPlan,
+    config: PoolConfig,
+    image: str,
+    model_cache: EffectiveCache | None = None,
+) -> dict:
     env = [{"name": ENV_VAR, "value": config.to_json()}]
     env += [{"name": k, "value": v} for k, v in sorted(build_env(plan.serve).items())]
     env += list(spec.env or [])
@@ -131,6 +142,9 @@ def _pod_spec(spec: MTPInferenceSpec, plan: PoolPlan, config: PoolConfig, image:
     }
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
+    if model_cache is not None:  # the weights outlive the pod (mtp_operator.model_cache)
+        container["volumeMounts"].append(volume_mount(model_cache))
+        pod["volumes"].append(volume(model_cache))
     return pod
 
 
@@ -152,12 +166,13 @@ def pool_deployment(
     plan: PoolPlan,
     default_image: str,
     cluster_profiles: Mapping[str, int] | None = None,
+    model_cache: EffectiveCache | None = None,
     replicas: int | None = None,
 ) -> dict[str, Any]:
     """The Deployment for one (resource, GPU product) pool (`replicas`: spec.replicas unless
     a canary replica runs beside it)."""
-    config = pool_config(spec, plan, cluster_profiles or {})
-    pod_spec = _pod_spec(spec, plan, config, spec.image or default_image)
+    config = pool_config(spec, plan, cluster_profiles or {}, model_cache)
+    pod_spec = _pod_spec(spec, plan, config, spec.image or default_image, model_cache)
     replicas = spec.replicas if replicas is None else replicas
     digest = settings_hash(pod_spec, replicas)
     labels = pool_labels(name, plan.gpu_product)
@@ -203,6 +218,7 @@ def canary_pod(
     plan: PoolPlan,
     default_image: str,
     cluster_profiles: Mapping[str, int] | None = None,
+    model_cache: EffectiveCache | None = None,
 ) -> dict[str, Any]:
     """One replica of a pool at a tuning trial's K (`plan`), beside the pool's Deployment.
 
@@ -210,8 +226,8 @@ def canary_pod(
     the same traffic as the other replicas; the Deployment's ReplicaSets never claim it (their
     selectors carry a pod-template-hash it has not). Owned by the MTPInference.
     """
-    config = pool_config(spec, plan, cluster_profiles or {})
-    pod_spec = _pod_spec(spec, plan, config, spec.image or default_image)
+    config = pool_config(spec, plan, cluster_profiles or {}, model_cache)
+    pod_spec = _pod_spec(spec, plan, config, spec.image or default_image, model_cache)
     labels = {**pool_labels(name, plan.gpu_product), LABEL_CANARY: "true"}
     return {
         "apiVersion": "v1",
@@ -265,6 +281,7 @@ def desired_objects(
     plans: list[PoolPlan],
     default_image: str,
     cluster_profiles: Mapping[str, int] | None = None,
+    model_cache: EffectiveCache | None = None,
     canaries: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The Service, then one Deployment per plan (a pool in `canaries`, GPU products with a
@@ -272,7 +289,7 @@ def desired_objects(
     objs = [service(name, namespace, uid)]
     objs += [
         pool_deployment(
-            name, namespace, uid, spec, p, default_image, cluster_profiles,
+            name, namespace, uid, spec, p, default_image, cluster_profiles, model_cache,
             spec.replicas - 1 if p.gpu_product in canaries and spec.replicas >= 2 else None,
         )
         for p in plans

@@ -63,17 +63,17 @@ def plan_pass(
     now: datetime,
 ) -> PassPlan:
     """The pools a resource should have now (spec, GPU nodes, rollback pins in status)."""
-    found = list(problems)
+    blocking = list(problems)
     rollback = pool_rollback_state(previous, metadata, metadata.get("generation"), now)
     reason = REASON_INVALID_SPEC
     plans: list[PoolPlan] = []
     tuning = carried(previous, spec, metadata.get("generation"))  # measured K (tuning/)
     canaries: dict[str, PoolPlan] = {}
-    if spec is not None and not found:
+    if spec is not None and not blocking:
         products = fitting_products(spec, nodes)
         if not products:
             # Keep what serves now (a bad edit must not tear pools down); say why.
-            found, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
+            blocking, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
         try:
             plans = [
                 plan_pool(spec, p, gpu_profiles, rollback.k_for(p), planned_k(tuning.get(p)))
@@ -81,8 +81,8 @@ def plan_pass(
             ]
             canaries = canary_plans(spec, plans, tuning, rollback.k_for, gpu_profiles)
         except PlanError as err:
-            found = list(err.problems)
-    return PassPlan(spec, plans, found, reason, rollback, tuning, canaries)
+            blocking = list(err.problems)
+    return PassPlan(spec, plans, blocking, reason, rollback, tuning, canaries)
 
 
 def pass_status(

@@ -45,7 +45,7 @@ def test_canary_pod_and_the_pool_beside_it():
     main = plan_pool(s, H100)
     (canary,) = canary_plans(s, [main], tuning(), lambda p: None, {}).values()
     objs = builders.desired_objects("dsv3", "ml", "uid-1", s, [main], "img", {},
-                                    frozenset({H100}))
+                                    canaries=frozenset({H100}))
     dep = objs[1]
     assert dep["spec"]["replicas"] == 2  # 3 replicas: 2 in the Deployment + the canary
     plain = builders.desired_objects("dsv3", "ml", "uid-1", s, [main], "img", {})[1]

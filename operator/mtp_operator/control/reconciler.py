@@ -35,6 +35,7 @@ from mtp_operator.events import (
     pool_removed,
     pool_updated,
 )
+from mtp_operator.model_cache import cache_problems, effective
 from mtp_operator.naming import ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import PoolPlan
 from mtp_operator.reconcile_plan import (
@@ -231,16 +232,32 @@ class Reconciler:
         body = self.view.resource(key)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return  # deleted: owner references let the garbage collector remove the pools
-        OPERATOR_METRICS.reconciles.inc()
+        try:
+            await self._pass(key, body, decisions, tuning or {})
+        finally:
+            # counted when done, so a pass that shows in the counter has made its writes
+            OPERATOR_METRICS.reconciles.inc()
+
+    async def _pass(
+        self, key: Key, body: Mapping[str, Any], decisions: Sequence[Decision],
+        tuning: Mapping[str, PoolTuningStatus],
+    ) -> None:
         meta = body.get("metadata") or {}
         persisted = self.current_status(key, body)
-        previous = with_tuning(with_decisions(persisted, decisions), tuning or {})
+        previous = with_tuning(with_decisions(persisted, decisions), tuning)
         observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
         now = self.clock()
-        spec, found = self._spec(key, body)
+        spec, problems = self._spec(key, body)
+        if spec is not None and not problems:  # the cache's claim must exist in the namespace
+            problems = cache_problems(
+                spec,
+                self.settings.model_cache,
+                lambda claim: self.view.has_claim(key[0], claim),
+                key[0],
+            )
         plan = plan_pass(
-            spec, found, self.view.gpu_nodes(), previous, meta, self.settings.gpu_profiles, now
+            spec, problems, self.view.gpu_nodes(), previous, meta, self.settings.gpu_profiles, now
         )
         applied = Applied()
         if not plan.problems:
@@ -301,8 +318,8 @@ class Reconciler:
         slot = self.slot(key)
         text = json.dumps(body.get("spec") or {}, sort_keys=True, default=str)
         if slot.spec_memo is None or slot.spec_memo[0] != text:
-            spec, found = spec_problems(body.get("spec") or {})
-            slot.spec_memo = (text, spec, found)
+            spec, problems = spec_problems(body.get("spec") or {})
+            slot.spec_memo = (text, spec, problems)
         return slot.spec_memo[1], list(slot.spec_memo[2] or [])
 
     async def _apply_canaries(self, key: Key, body: Mapping[str, Any], plan: PassPlan) -> None:
@@ -312,7 +329,8 @@ class Reconciler:
         uid = (body.get("metadata") or {}).get("uid", "")
         for product, cplan in plan.canaries.items():
             pod = builders.canary_pod(key[1], key[0], uid, plan.spec, cplan,
-                                      self.settings.default_image, self.settings.gpu_profiles)
+                                      self.settings.default_image, self.settings.gpu_profiles,
+                                      effective(plan.spec, self.settings.model_cache))
             if slot.canaries.get(product) != pod["metadata"]["name"]:
                 await self.kube.apply(pod)
                 slot.canaries[product] = pod["metadata"]["name"]
@@ -342,6 +360,7 @@ class Reconciler:
                 plans,
                 self.settings.default_image,
                 self.settings.gpu_profiles,
+                effective(spec, self.settings.model_cache),
                 canaries,
             )
             slot.desired_memo = (inputs, objs)
