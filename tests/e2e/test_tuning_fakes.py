@@ -111,8 +111,11 @@ def test_auto_one_replica_trials_the_pool_adopts_and_a_new_generation_starts_ove
         fakes.wait_serving({H100: 4}, resource="auto")
         # first trial: K=1, the farthest from the measured 4 (a second point for the line),
         # whole pool (1 replica); +25 % over K=4: adopted
-        t = wait_for(lambda: (x := tuning_of(kubectl, namespace, "auto")).get("tunedK") == 1
-                     and x, 12 * WINDOW + 30, interval=1, message="K=1 adopted")
+        try:
+            t = wait_for(lambda: (x := tuning_of(kubectl, namespace, "auto")).get(
+                "tunedK") == 1 and x, 12 * WINDOW + 30, interval=1, message="K=1 adopted")
+        except TimeoutError as err:
+            raise AssertionError(f"{err}: {tuning_of(kubectl, namespace, 'auto')}") from err
         (first, *_) = t["trials"]
         assert (first["k"], first["fromK"], first["kind"], first["outcome"]) == (
             1, 4, "pool", "adopted")

@@ -214,3 +214,12 @@ def test_an_aborted_k_is_not_tried_again_that_day():
     d = decide(policy(range(5)), 3, None, aborted, table, Guard(), now, 2)
     # 1 skipped; 2 and 4 are equally far from 3: the smaller first
     assert d.action == "start_trial" and d.trial_k == 2
+
+
+def test_whole_pool_trial_started_within_the_second_its_incumbent_window_ended():
+    # the trial's start comes back from status to the second; the window ended 0.6 s later
+    before = measure(DEEP_WINS.window(1, T0.timestamp() - SPAN + 0.6, SPAN, 1))
+    during = measure(DEEP_WINS.window(4, T0.timestamp() + 1.0, SPAN, 1))
+    d = decide(policy(range(5)), 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
+               T0 + timedelta(seconds=SPAN + 2), 1)
+    assert d.action == "adopt"

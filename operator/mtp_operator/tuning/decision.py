@@ -43,6 +43,7 @@ Action = Literal["hold", "start_trial", "adopt", "return", "abort"]
 
 DAY = timedelta(days=1)
 TRIAL_TIMEOUT_WINDOWS = 3  # a trial with no window at its K after this many windows is aborted
+STATUS_TIME_RESOLUTION = 1.0  # seconds: trial times come back from status as whole seconds
 
 
 @dataclass(frozen=True)
@@ -189,8 +190,8 @@ def _judge(policy: Policy, trial: Trial, table: Sequence[Measurement], now: date
             and abs(m.start - tm.start) <= 0.05 * tm.seconds
         ]
         inc = same[-1] if same else None
-    else:
-        inc = _latest(table, trial.from_k, before=started)
+    else:  # status keeps times to the second: the window that ended as the trial began
+        inc = _latest(table, trial.from_k, before=started + STATUS_TIME_RESOLUTION)
     if inc is None:
         return _with(hold, f"trial of K={trial.k}: no incumbent window to compare with yet")
     if not comparable(tm, inc):
