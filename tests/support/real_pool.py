@@ -20,11 +20,11 @@ and in the runtime's log; nothing else of the operator's pool config is touched)
   its tokenizer has no reasoning markers);
 - `--host <pod IP>` appended to `serve.extra_args`: pods share the machine's loopback here, so
   each engine binds its pod's IP instead of 0.0.0.0 (a pod has its own network namespace);
-- runtime flags a GPU pod does not need: `--assume-gpu <pool product>` (no GPU to detect, so
-  the runtime takes the pool's product as the GPU it got) and `--exporter-host <pod IP>`,
-  `--vllm-metrics-url http://<pod IP>:8000/metrics`, a short exporter window;
-- the CPU engine's settings (host-memory KV fraction, eager mode) come from the environment
-  `engine_env` adds, never from the pool config.
+- `MTP_RUNTIME_DEVICE=cpu` in the environment, as a CPU node would set it: the runtime then
+  adds the CPU engine's own settings (host-memory KV fraction, eager mode) and takes the
+  pool's GPU product as the GPU it got (there is none to detect); never via the pool config;
+- runtime flags for the shared loopback: `--exporter-host <pod IP>` and
+  `--vllm-metrics-url http://<pod IP>:8000/metrics`, and a short exporter window.
 
 Counters: every healthy engine's /metrics is read each `poll` seconds into `EngineRun.samples`
 (time, summed spec-decode counters), so tests compute hit rates from raw counters over any
@@ -54,6 +54,10 @@ from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 LABEL_RESOURCE = "mtp-operator.io/mtpinference"
 VLLM_PORT = 8000
 EXPORTER_PORT = 9400
+DEVICE_ENV = "MTP_RUNTIME_DEVICE"  # mtp_runtime.engine's switch to the CPU engine
+# This machine has no internet: no Hub look-ups, no usage reports; logs unbuffered.
+MACHINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ class RuntimeLaunch:
     pod: str
     ip: str
     argv: list[str]
-    env: dict[str, str]  # the container's env (MTP_RUNTIME_CONFIG substituted)
+    env: dict[str, str]  # the container's env (MTP_RUNTIME_CONFIG substituted) + DEVICE_ENV
     rendered: PoolConfig  # as the operator rendered it into the pod
     config: PoolConfig  # what the runtime gets
     substitutions: dict[str, tuple[Any, Any]]  # field -> (rendered, substituted)
@@ -114,10 +118,10 @@ def runtime_launch(pod: Mapping[str, Any], model: str | Path, *, window_s: float
             raise ValueError(f"pod {meta['name']}: env {e.get('name')} has no plain value")
         env[e["name"]] = e["value"]
     env[ENV_VAR] = config.to_json()
+    env[DEVICE_ENV] = "cpu"
     ports = {p.get("name"): p["containerPort"] for p in container.get("ports") or []}
     argv = [*container.get("command", []), *container.get("args", [])]
-    argv += ["--assume-gpu", rendered.gpu_product,
-             "--exporter-host", ip, "--exporter-port", str(ports.get("metrics", EXPORTER_PORT)),
+    argv += ["--exporter-host", ip, "--exporter-port", str(ports.get("metrics", EXPORTER_PORT)),
              "--vllm-metrics-url", f"http://{ip}:{serve.port}/metrics",
              "--window", str(window_s), "--scrape-interval", str(scrape_interval_s)]
     return RuntimeLaunch(meta["name"], ip, argv, env, rendered, config, subs)
@@ -209,7 +213,7 @@ class RealPool:
 
     def __init__(self, kubeconfig: str | Path, namespace: str, resource: str, product: str, *,
                  vllm: str | Path, model: str | Path, log_dir: str | Path,
-                 engine_env: Mapping[str, str] | None = None, poll: float = 0.5,
+                 poll: float = 0.5,
                  stop_timeout: float = 30, on_event: Callable[[str], None] | None = None) -> None:
         from lightkube import Client, KubeConfig
 
@@ -218,7 +222,6 @@ class RealPool:
         self.vllm, self.model = Path(vllm), Path(model)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.engine_env = dict(engine_env or {})
         self.poll, self.stop_timeout = poll, stop_timeout
         self.on_event = on_event or (lambda _msg: None)
         self.runs: list[EngineRun] = []  # every engine started, in order
@@ -266,7 +269,7 @@ class RealPool:
         exe = shutil.which(launch.argv[0], path=self.path)
         if exe is None:
             raise FileNotFoundError(f"{launch.argv[0]} not on {self.path}")
-        env = {**os.environ, **launch.env, **self.engine_env, "PATH": self.path}
+        env = {**os.environ, **MACHINE_ENV, **launch.env, "PATH": self.path}
         log_path = self.log_dir / f"{launch.pod}-{len(self.runs)}.log"
         log = open(log_path, "ab")
         try:

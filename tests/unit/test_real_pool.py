@@ -55,7 +55,7 @@ def test_only_model_parallelism_context_parser_and_host_change():
         before.gpu_product, before.k_mode, before.profiles, before.max_speculative_tokens)
     assert launch.k == 2  # L40S profile
     assert {k: v for k, v in launch.env.items() if k != ENV_VAR} == {
-        k: v for k, v in rendered_env.items() if k != ENV_VAR}
+        **{k: v for k, v in rendered_env.items() if k != ENV_VAR}, "MTP_RUNTIME_DEVICE": "cpu"}
     assert json.loads(launch.env[ENV_VAR]) == json.loads(after.to_json())
 
 
@@ -64,7 +64,7 @@ def test_the_pod_command_is_run_with_kubelet_side_flags_only():
     assert launch.argv[:2] == ["mtp-runtime", "serve"]  # the container's command
     flags = launch.argv[2:]
     assert dict(zip(flags[::2], flags[1::2], strict=True)) == {
-        "--assume-gpu": L40S, "--exporter-host": IP, "--exporter-port": "9400",
+        "--exporter-host": IP, "--exporter-port": "9400",
         "--vllm-metrics-url": f"http://{IP}:8000/metrics", "--window": "10",
         "--scrape-interval": "1"}
 
