@@ -29,12 +29,12 @@ sys.path.insert(0, str(REPO / "tests" / "engine"))
 
 import traffic  # noqa: E402
 
-from mtp_runtime import metrics  # noqa: E402
+from mtp_runtime import spec_decode  # noqa: E402
 from support.engine import RealEngine, engine_paths  # noqa: E402
 
 
 def counters(text: str) -> dict[str, object]:
-    snap = metrics.total(metrics.spec_snapshot(text))
+    snap = spec_decode.total(spec_decode.spec_snapshot(text))
     return {"drafts": snap.drafts, "draft_tokens": snap.draft_tokens,
             "accepted": snap.accepted, "per_pos": list(snap.per_position)}
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mtp_runtime import __version__, engine, gpu_detect, metrics
+from mtp_runtime import __version__, engine, exposition, figures, gpu_detect
 from mtp_runtime.exporter import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PORT,
@@ -48,6 +48,7 @@ from mtp_runtime.launcher import (
     run_child,
     vllm_binary_override,
 )
+from mtp_runtime.model_load import ModelLoad
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 
 EXIT_CONFIG = 2
@@ -127,9 +128,19 @@ def make_plan(args: argparse.Namespace) -> LaunchPlan:
     return launch
 
 
+def model_load(launch: LaunchPlan) -> ModelLoad:
+    return ModelLoad(launch.settings, launch.model_cache, os.environ, log)
+
+
+def launch_dict(launch: LaunchPlan) -> dict[str, object]:
+    """print-args' output: the plan, with the cache's variables in `env`."""
+    out = launch.to_dict()
+    out["env"] = {**launch.env, **model_load(launch).env}
+    return out
+
+
 def cmd_print_args(args: argparse.Namespace) -> int:
-    launch = make_plan(args)
-    print(json.dumps(launch.to_dict(), indent=2))
+    print(json.dumps(launch_dict(make_plan(args)), indent=2))
     return 0
 
 
@@ -148,8 +159,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
             text = fetch_text(source, timeout=args.timeout)
         else:
             text = Path(source).read_text()
-        result = metrics.stats(text)
-    except (OSError, metrics.ParseError) as exc:
+        result = figures.stats(text)
+    except (OSError, exposition.ParseError) as exc:
         raise CLIError(1, "stats_error", f"cannot read {source}: {exc}") from exc
     print(json.dumps(result, indent=2))
     return 0
@@ -173,14 +184,17 @@ def _exporter_for(launch: LaunchPlan, args: argparse.Namespace) -> MTPExporter:
                        on_event=lambda event, **kw: log(event, level="warning", **kw))
 
 
-def _engine_launch(launch: LaunchPlan) -> tuple[list[str], dict[str, str]]:
-    """argv and environment for vLLM: the plan's, plus this machine's additions; checked."""
+def _engine_launch(
+    launch: LaunchPlan, cache_env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """argv and environment for vLLM: the plan's, the model cache's, plus this machine's
+    additions; checked."""
     try:
         extra_args, extra_env = engine.engine_additions(os.environ)
     except engine.EngineSetupError as exc:
         raise CLIError(EXIT_CONFIG, "engine_setup_error", str(exc)) from exc
     argv = vllm_binary_override(launch.argv) + extra_args
-    env, dropped = child_environment(os.environ, {**launch.env, **extra_env})
+    env, dropped = child_environment(os.environ, {**launch.env, **cache_env, **extra_env})
     if dropped:
         log("env_dropped", level="warning", names=dropped,
             reason="a Service named 'vllm' injects VLLM_PORT=tcp://..., which breaks vLLM")
@@ -208,13 +222,15 @@ def _startup_failure(status: int, port: int, tail: engine.LogTail) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     launch = make_plan(args)
     if args.dry_run or args.cpu_dry_run:
-        print(json.dumps(launch.to_dict(), indent=2))
+        print(json.dumps(launch_dict(launch), indent=2))
         return 0
-    argv, env = _engine_launch(launch)
+    load = model_load(launch)
+    argv, env = _engine_launch(launch, load.env)
     port = launch.settings.port
     log("launch", argv=argv, env={k: env[k] for k in env if k not in os.environ or
                                   os.environ[k] != env[k]},
         gpu=launch.gpu, k=launch.k, device=engine.device(os.environ))
+    load.announce()
     exporter = None
     if not args.no_exporter:
         exporter = _exporter_for(launch, args)
@@ -228,7 +244,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = engine.flag_value(argv, "--host") or "127.0.0.1"
     health = engine.HealthWatch(f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
                                 "/health")
-    health.start(on_ready=lambda s: log("vllm_ready", after_s=round(s, 1), port=port))
+
+    def ready(seconds: float) -> None:
+        log("vllm_ready", after_s=round(seconds, 1), port=port)
+        load.ready(seconds, exporter.state if exporter else None)
+
+    health.start(on_ready=ready)
     tail = engine.LogTail()
     signalled: list[int] = []
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from mtp_runtime.engine import LogTail
 from mtp_runtime.gpu_detect import GPUInfo
+from mtp_runtime.model_cache import ModelCache
 from mtp_runtime.pool_config import PoolConfig, same_product
 from mtp_runtime.vllm_command import ServeSettings, build_argv, build_env
 
@@ -30,6 +31,7 @@ class LaunchPlan:
     gpu: dict[str, object]
     k: dict[str, object]
     mismatch: bool
+    model_cache: ModelCache | None = None  # the pool's cache volume (None: no cache)
 
     def to_dict(self) -> dict[str, object]:
         """What `mtp-runtime print-args` prints: exactly argv, env, gpu, k."""
@@ -72,6 +74,7 @@ def plan(config: PoolConfig, gpu: GPUInfo) -> LaunchPlan:
         gpu=gpu_info,
         k=k_info,
         mismatch=mismatch,
+        model_cache=config.model_cache,
     )
 
 

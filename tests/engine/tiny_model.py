@@ -137,7 +137,7 @@ def train(s: dict, device: str):
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=(0.9, 0.95),
                             weight_decay=0.01)
     T, n = s["seq_len"], s["mtp_steps"]
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     for step in range(1, s["steps"] + 1):
         lr = s["lr"] * min(1.0, step / s["warmup"])
         lr *= 0.5 * (1 + math.cos(math.pi * min(1.0, step / s["steps"])))
@@ -162,8 +162,8 @@ def train(s: dict, device: str):
         if step % 10 == 0 or step == 1:
             log(f"step {step}/{s['steps']} loss {loss_main.item():.3f} mtp "
                 + " ".join(f"{x.item():.3f}" for x in mtp_losses)
-                + f" ({time.monotonic() - t0:.0f} s)")
-    return model, time.monotonic() - t0
+                + f" ({time.monotonic() - t0:.0f} s, {time.process_time() - c0:.0f} CPU-s)")
+    return model, time.monotonic() - t0, time.process_time() - c0
 
 
 def state_dict_for_vllm(model, s: dict) -> dict:
@@ -293,9 +293,9 @@ def build(out: Path, device: str) -> float:
     tmp.mkdir(parents=True)
     log(f"training on {device} ({s['steps']} steps of {s['batch']} x {s['seq_len']} tokens, "
         f"{torch.get_num_threads()} threads)")
-    model, train_s = train(s, device)
+    model, train_s, train_cpu_s = train(s, device)
     lm, lmtp = final_losses(model, s, device)
-    log(f"trained in {train_s:.0f} s; held-out loss main {lm:.3f}, mtp "
+    log(f"trained in {train_s:.0f} s ({train_cpu_s:.0f} CPU-s); held-out loss main {lm:.3f}, mtp "
         + " ".join(f"{x:.3f}" for x in lmtp))
     agreement = {cls: draft_agreement(model, traffic.prompts(cls, 8, seed=12345), 48, 4, device)
                  for cls in traffic.CLASSES}
@@ -313,7 +313,8 @@ def build(out: Path, device: str) -> float:
         mtp_steps=s["mtp_steps"], loss_main=lm, agreement=json.dumps(agreement),
         loss_mtp=", ".join(f"{x:.3f}" for x in lmtp)))
     (tmp / "training.json").write_text(json.dumps(
-        {"train_seconds": round(train_s, 1), "device": device, "loss_main": lm,
+        {"train_seconds": round(train_s, 1), "train_cpu_seconds": round(train_cpu_s, 1),
+         "threads": torch.get_num_threads(), "device": device, "loss_main": lm,
          "loss_mtp": lmtp, "offline_draft_agreement": agreement, "settings": s,
          "key": cache_key(s, device)}, indent=2) + "\n")
     (tmp / ".mtp-model-ok").write_text("ok\n")

@@ -43,6 +43,7 @@ SERVED_NAME = "tiny-mimo-mtp"
 GPU_PRODUCT = "NVIDIA-H200"  # the product the pool config claims (the engine runs on CPU)
 # Same flags the runtime adds with MTP_RUNTIME_DEVICE=cpu (mtp_runtime.engine.CPU_ENGINE_ARGS)
 CPU_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
+START_TIMEOUT = 900.0  # for tests: generous, the machine may be shared and loaded
 
 
 class EngineStartError(RuntimeError):

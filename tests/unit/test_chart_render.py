@@ -17,7 +17,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp_operator import naming
+from mtp_operator import cli, naming
 from mtp_operator.settings import OperatorSettings
 from support.chart import (
     CHART,
@@ -188,7 +188,6 @@ def test_default_args(default: list[dict[str, Any]]) -> None:
 )
 def test_args_parse_with_the_operator_cli(values: list[str]) -> None:
     """Every flag the chart passes is one `mtp-operator run` accepts."""
-    cli = pytest.importorskip("mtp_operator.cli")
     args = cli._parser().parse_args(["run", *_args(render(values=values))])
     assert args.command == "run"
     if values:
@@ -327,10 +326,6 @@ def test_service_monitor_keeps_the_pool_namespace_label() -> None:
 
 def test_prometheus_rule_carries_the_rules_file() -> None:
     rules_file = CHART / "files" / "prometheus-rules.yaml"
-    if not rules_file.exists():
-        objects = render(api_versions=[MONITORING])
-        assert "PrometheusRule" not in {o["kind"] for o in objects}
-        pytest.skip("files/prometheus-rules.yaml not written yet (template renders nothing)")
     rule = find(render(api_versions=[MONITORING],
                        values=["monitoring.prometheusRule.labels.release=kps"]), "PrometheusRule")
     assert rule["spec"]["groups"] == yaml.safe_load(rules_file.read_text())["groups"]
@@ -354,3 +349,35 @@ def test_names_follow_the_release() -> None:
     assert find(objects, "Deployment")["metadata"]["name"] == "prod-mtp-operator"
     objects = render(release="prod")
     assert find(objects, "Deployment")["metadata"]["name"] == "prod-mtp-operator"
+
+
+def test_model_cache_values_reach_the_settings_file(tmp_path) -> None:
+    default = yaml.safe_load(
+        find(render(), "ConfigMap", "mtp-operator-settings")["data"]["settings.yaml"])
+    assert OperatorSettings.model_validate(default).model_cache.default is None
+    values = tmp_path / "cache.yaml"
+    values.write_text(yaml.safe_dump({"modelCache": {
+        "default": {"persistentVolumeClaim": {"claimName": "weights"}, "readOnly": True},
+        "allowedHostPaths": ["/var/lib/mtp-models"],
+    }}))
+    objects = render(values=[str(values)])
+    text = find(objects, "ConfigMap", "mtp-operator-settings")["data"]["settings.yaml"]
+    cache = OperatorSettings.model_validate(yaml.safe_load(text)).model_cache
+    assert cache.allowed_host_paths == ["/var/lib/mtp-models"]
+    assert cache.default is not None and cache.default.read_only
+    assert cache.default.persistent_volume_claim is not None
+    assert cache.default.persistent_volume_claim.claim_name == "weights"
+
+
+@pytest.mark.parametrize("bad", [
+    {"default": {"persistentVolumeClaim": {"claimName": "a"}, "hostPath": {"path": "/x"}}},
+    {"default": {"readOnly": True}},
+    {"default": {"hostPath": {"path": "relative"}}},
+    {"default": {"nfs": {"server": "x"}}},
+    {"allowedHostPaths": ["relative"]},
+])
+def test_model_cache_values_schema_refuses_bad_values(tmp_path, bad) -> None:
+    values = tmp_path / "bad.yaml"
+    values.write_text(yaml.safe_dump({"modelCache": bad}))
+    out = helm(*template_args(values=[str(values)]))
+    assert out.returncode != 0 and "modelCache" in out.stderr, out.stderr

@@ -11,7 +11,7 @@ from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
-from mtp_operator.leader import LeaderElector
+from mtp_operator.control.leader import LeaderElector
 
 
 class AwayThenTaken:

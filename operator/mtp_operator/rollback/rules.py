@@ -2,14 +2,14 @@
 
 charts/mtp-operator/files/prometheus-rules.yaml is `render_rules()` with its defaults (a test
 checks they do not drift); tests render short windows. The figures are exactly those of
-shared/mtp-metrics.md (and runtime/mtp_runtime/metrics.py), per pool: the labels
+shared/mtp-metrics.md (and runtime/mtp_runtime/figures.py), per pool: the labels
 `namespace`, `mtpinference`, `gpu_product` that Prometheus relabels from the pods' labels.
 
 How c_{K-1} is selected: PromQL cannot turn the pool's K (a value, T/D) into a `position`
 label, so the rules enumerate K = 1..max_k and keep, for each pool, the per-position increase
 at position K-1 only where T/D equals K (within 1e-3). A window that mixes drafts of different
 K (a change of K inside the window) has no whole K and gives no error-propagation sample, as
-metrics.py gives None; so do pools with K > max_k. D·(K-1) is written as T - D.
+mtp_runtime.figures gives None; so do pools with K > max_k. D·(K-1) is written as T - D.
 
 No data: every ratio divides by `(x > 0)`, which drops the pool when the denominator is 0, so
 an idle pool has no sample (never 0, never NaN) and the alerts, which also need `min_drafts`
@@ -22,13 +22,10 @@ from typing import Any
 
 import yaml
 
+from mtp_runtime.spec_decode import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS
+
 from ..api.v1alpha1 import DEFAULT_MAX_ERROR_PROPAGATION_RATE, DEFAULT_MIN_HIT_RATE
 from .signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, TARGET_LABELS
-
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 # Recorded series (window-independent names, so dashboards and tests do not change with it).
 R_DRAFTS = "mtp:spec_decode_drafts:increase"

@@ -1,0 +1,111 @@
+"""Kubernetes I/O: the only module that talks to the API server directly. Async, non-blocking.
+
+Writes are server-side apply with one field manager, so "create or update" is one request
+and never a check-then-create race; a 404 on delete means the object is already gone.
+Every other API error propagates to the caller (never swallowed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from lightkube import ApiError, AsyncClient, codecs
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Event
+from lightkube.types import PatchType
+
+from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from mtp_operator.builders import FIELD_MANAGER
+
+log = logging.getLogger(__name__)
+
+try:  # lightkube 1.x talks through httpx2; its connection errors and timeouts are these
+    from httpx2 import TransportError
+except ImportError:  # pragma: no cover - older lightkube
+    from httpx import TransportError
+
+#: What a request to the API server raises besides ApiError when the server is away or slow.
+__all__ = ["KubeClient", "TransportError"]
+
+MTPInferenceResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
+
+class KubeClient:
+    """control.ports.Kube over a lightkube AsyncClient."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create or update `obj` by server-side apply (force: the operator owns these fields)."""
+        res = codecs.from_dict(dict(obj))
+        out = await self.client.apply(res, field_manager=FIELD_MANAGER, force=True)
+        return _to_dict(out)
+
+    async def delete_deployment(self, namespace: str, name: str) -> None:
+        try:
+            await self.client.delete(Deployment, name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+
+    async def patch_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource; returns the updated object."""
+        out = await self.client.patch(
+            MTPInferenceResource.Status,
+            name,
+            {"status": dict(status)},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+        return _to_dict(out)
+
+    async def event(
+        self,
+        involved: Mapping[str, Any],
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+    ) -> None:
+        """Post a core/v1 Event about `involved` (an object body). Failures are logged only:
+        an Event is a notification, and losing one must not undo the work it reports."""
+        meta = involved.get("metadata") or {}
+        now = datetime.now(UTC)
+        event = Event(
+            metadata=ObjectMeta(
+                generateName=f"{meta.get('name', 'mtpi')}.", namespace=meta.get("namespace")
+            ),
+            involvedObject=ObjectReference(
+                apiVersion=involved.get("apiVersion", f"{GROUP}/{VERSION}"),
+                kind=involved.get("kind", KIND),
+                name=meta.get("name"),
+                namespace=meta.get("namespace"),
+                uid=meta.get("uid"),
+                resourceVersion=meta.get("resourceVersion"),
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=type_,
+            source=EventSource(component="mtp-operator"),
+            firstTimestamp=now,
+            lastTimestamp=now,
+            count=1,
+            reportingComponent="mtp-operator",
+            reportingInstance="mtp-operator",
+        )
+        try:
+            await self.client.create(event, namespace=meta.get("namespace"))
+        except ApiError as err:
+            log.warning("could not post event %s for %s: %s", reason, meta.get("name"), err)

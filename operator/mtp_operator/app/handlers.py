@@ -1,0 +1,216 @@
+"""Thin kopf handlers: they keep in-memory views of the cluster and ask the reconciler to act.
+
+Only watch-event handlers and indexes are used (no kopf timers or daemons, which would add
+finalizers): kopf writes no progress annotations or finalizers, so the operator never edits
+the user's objects (GitOps sees no drift, and deleting a resource never waits for the
+operator), and a steady state makes no writes at all. The periodic resync is `resync_loop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import kopf
+
+from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from mtp_operator.control.reconciler import Key, Reconciler, product_of
+from mtp_operator.naming import (
+    LABEL_GPU_PRODUCT,
+    LABEL_MANAGED_BY,
+    LABEL_RESOURCE,
+    MANAGED_BY,
+    label_value,
+)
+from mtp_operator.planning import GPUNode, gpu_node_from_body
+
+log = logging.getLogger(__name__)
+
+OWNED = {LABEL_MANAGED_BY: MANAGED_BY}
+RESYNC_SECONDS = 30.0
+
+
+def owner_key(body: Mapping[str, Any]) -> Key | None:
+    meta = body.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
+            return (meta.get("namespace", ""), ref.get("name", ""))
+    return None
+
+
+class KopfView:
+    """The reconciler's ClusterView over kopf's indexes (bound on the first handler call)."""
+
+    def __init__(self) -> None:
+        self.resources: Any = None
+        self.nodes: Any = None
+        self.deployments: Any = None
+        self.services: Any = None
+        self.pods: Any = None
+        self.claims: Any = None
+
+    @property
+    def ready(self) -> bool:
+        return self.resources is not None
+
+    def bind(self, kwargs: Mapping[str, Any]) -> None:
+        if self.resources is None:
+            self.resources = kwargs["mtpi_index"]
+            self.nodes = kwargs["gpu_node_index"]
+            self.deployments = kwargs["pool_deployment_index"]
+            self.services = kwargs["service_index"]
+            self.pods = kwargs["pool_pod_index"]
+            self.claims = kwargs["claim_index"]
+
+    def resource(self, key: Key) -> Mapping[str, Any] | None:
+        for body in self.resources.get(key, ()):
+            return body
+        return None
+
+    def resource_keys(self) -> Iterable[Key]:
+        return list(self.resources.keys())
+
+    def gpu_nodes(self) -> Iterable[GPUNode]:
+        return [node for store in self.nodes.values() for node in store]
+
+    def pool_deployments(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
+        out = {}
+        for body in self.deployments.get(key, ()):
+            product = product_of(body)
+            if product:
+                out[product] = body
+        return out
+
+    def pool_pod_ips(self, key: Key, product: str) -> dict[str, str]:
+        """Ready pods of one pool: {pod name: pod IP}."""
+        index_key = (key[0], label_value(key[1]), label_value(product))
+        return dict(self.pods.get(index_key, ()))
+
+    def has_service(self, key: Key) -> bool:
+        return bool(list(self.services.get(key, ())))
+
+    def has_claim(self, namespace: str, name: str) -> bool:
+        """A PersistentVolumeClaim exists (spec.modelCache.persistentVolumeClaim)."""
+        return bool(list(self.claims.get((namespace, name), ())))
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: KopfView) -> None:
+    """Register every handler on `registry`, bound to `reconciler`."""
+    mtpi = (GROUP, VERSION, PLURAL)
+
+    @kopf.index(*mtpi, id="mtpi_index", registry=registry)
+    def mtpi_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+        return {(namespace, name): dict(body)}
+
+    @kopf.index("v1", "nodes", id="gpu_node_index", registry=registry)
+    def gpu_node_index(body: kopf.Body, **_: Any) -> dict | None:
+        node = gpu_node_from_body(body)
+        return {node.product: node} if node else None
+
+    @kopf.index(
+        "apps", "v1", "deployments", labels=OWNED, id="pool_deployment_index", registry=registry
+    )
+    def pool_deployment_index(body: kopf.Body, **_: Any) -> dict | None:
+        key = owner_key(body)
+        return {key: dict(body)} if key else None
+
+    @kopf.index("v1", "services", labels=OWNED, id="service_index", registry=registry)
+    def service_index(body: kopf.Body, **_: Any) -> dict | None:
+        key = owner_key(body)
+        return {key: True} if key else None
+
+    @kopf.index("v1", "pods", labels=OWNED, id="pool_pod_index", registry=registry)
+    def pool_pod_index(namespace: str, name: str, labels: Any, status: Any, **_: Any):
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        if not ready or not status.get("podIP") or LABEL_GPU_PRODUCT not in labels:
+            return None
+        key = (namespace, labels.get(LABEL_RESOURCE), labels[LABEL_GPU_PRODUCT])
+        return {key: (name, status["podIP"])}
+
+    @kopf.index("v1", "persistentvolumeclaims", id="claim_index", registry=registry)
+    def claim_index(namespace: str, name: str, **_: Any) -> dict:
+        return {(namespace, name): True}
+
+    @kopf.on.event(*mtpi, registry=registry)
+    async def resource_changed(event: dict, namespace: str, name: str, **kw: Any) -> None:
+        view.bind(kw)
+        if event.get("type") == "DELETED":
+            reconciler.forget((namespace, name))
+            return
+        await reconciler.reconcile_or_retry((namespace, name))
+
+    @kopf.on.event("v1", "nodes", registry=registry)
+    async def node_changed(**kw: Any) -> None:
+        view.bind(kw)
+        if reconciler.gpu_inventory_changed():
+            await reconciler.reconcile_all()
+
+    @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry)
+    async def pool_changed(body: kopf.Body, **kw: Any) -> None:
+        view.bind(kw)
+        key = owner_key(body)
+        if key:
+            reconciler.pool_seen(key, body)
+            await reconciler.reconcile_or_retry(key)
+
+
+    @kopf.on.event("v1", "persistentvolumeclaims", registry=registry)
+    async def claim_changed(event: dict, namespace: str, **kw: Any) -> None:
+        # a model cache's claim appeared or went away: its resources are checked again
+        view.bind(kw)
+        if event.get("type") in ("ADDED", "DELETED", None):
+            keys = [k for k in view.resource_keys() if k[0] == namespace]
+            await asyncio.gather(*(reconciler.reconcile_or_retry(k) for k in keys))
+
+
+async def resync_loop(reconciler: Reconciler, view: KopfView, interval: float) -> None:
+    """Reconcile everything every `interval` seconds: retries after API errors and lets
+    time-based rollback state (known-good promotion) advance. Unchanged objects cost no
+    API request."""
+    while True:
+        await asyncio.sleep(interval)
+        if view.ready:
+            await reconciler.reconcile_all()
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff-base: valid only while no handler needs diffs (no on.create/update/resume/
+    field handlers, no daemons or timers; on.event handlers and indexes get no diff)."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return None
+
+    def fetch(self, *, body: Any) -> Any:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        return None
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf settings: no kopf-posted events or progress writes; we post our own events."""
+    settings.posting.enabled = False
+    settings.persistence.finalizer = "mtp-operator.io/unused"  # no handler needs one
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+    # No worker limit: kopf runs one worker per watched object, and at start-up each waits
+    # until every object of every indexed kind is indexed; with a limit below the number of
+    # objects of one kind (64 pool Deployments or pods) the operator deadlocks before its first
+    # reconcile (kopf issue #1243). Workers are idle asyncio tasks, cheap at thousands.
+    settings.queueing.worker_limit = None
+    # kopf builds every event's "essence" (a deep copy of the body, minus status) to diff it
+    # for on.create/update/resume handlers and daemons. There are none here (see the module
+    # doc), so nothing is built or stored: about a fifth of the operator's CPU at scale.
+    settings.persistence.diffbase_storage = NoDiffBase()
+    # Our resources are known; no CRD/namespace scanning (and no RBAC for it).
+    settings.scanning.disabled = True
+    # Every handled event would otherwise log a line; real problems still log as warnings.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)

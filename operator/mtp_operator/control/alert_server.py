@@ -1,0 +1,240 @@
+"""Alertmanager webhook receiver: `POST /alerts` (webhook v4) and `GET /healthz`.
+
+    401  no or wrong bearer token (compared in constant time); nothing is read or changed
+    400  malformed JSON or not a webhook payload, with the reason
+    413  body over max_body_bytes
+    500  the handler failed (Alertmanager retries the notification)
+    200  accepted: JSON with counts of signals, ignored alerts and handler outcomes
+
+Parsed signals go to `on_signals`, one call per request. Requests are handled concurrently:
+the handler serialises decisions per MTPInference itself, so alerts for different resources
+never wait for each other. The handler (the Kubernetes glue) looks each target up,
+applies the policy, and reports which targets it did not find. A notification repeated within
+`dedupe_seconds` (Alertmanager retries, an HA pair sending twice) is dropped here; later
+repeats reach the policy, whose cooldown keeps them from acting twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from mtp_operator.adapters.telemetry import AlertMetrics, operator_alert_metrics
+from mtp_operator.addresses import parse_address
+from mtp_operator.rollback.alertmanager import PayloadError, dedupe_key, parse_webhook
+from mtp_operator.rollback.signals import AlertSignal, PoolRef
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # ~10,000 alerts of a few hundred bytes each
+DEFAULT_DEDUPE_SECONDS = 60.0
+_DEDUPE_MAX_ENTRIES = 100_000
+
+
+@dataclass(frozen=True)
+class ReceiveResult:
+    """What the handler did with one batch of signals."""
+
+    changed: int = 0  # signals that changed a pool's speculative settings
+    unchanged: int = 0  # handled; the policy said no change
+    unknown: Sequence[PoolRef | str] = ()  # targets with no such MTPInference or pool
+
+
+# The handler may return a ReceiveResult or any object with the same fields; `rolled_back`
+# is read as `changed` (the glue's own outcome type).
+OnSignals = Callable[[list[AlertSignal]], Awaitable[Any]]
+
+
+def _as_result(outcome: Any) -> ReceiveResult:
+    if outcome is None or isinstance(outcome, ReceiveResult):
+        return outcome or ReceiveResult()
+    changed = getattr(outcome, "changed", getattr(outcome, "rolled_back", 0))
+    return ReceiveResult(changed, outcome.unchanged, list(outcome.unknown))
+
+
+def _describe(ref: PoolRef | str) -> str:
+    if isinstance(ref, PoolRef):
+        return f"{ref.namespace}/{ref.mtpinference} {ref.gpu_product}"
+    return str(ref)
+
+
+class _RecentKeys:
+    """Keys seen within the last `ttl` seconds (bounded; oldest dropped first)."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float]) -> None:
+        self._ttl, self._clock = ttl, clock
+        self._seen: OrderedDict[tuple[object, ...], float] = OrderedDict()
+
+    def _prune(self, now: float) -> None:
+        while self._seen and (
+            next(iter(self._seen.values())) <= now - self._ttl
+            or len(self._seen) > _DEDUPE_MAX_ENTRIES
+        ):
+            self._seen.popitem(last=False)
+
+    def contains(self, key: tuple[object, ...]) -> bool:
+        self._prune(self._clock())
+        return key in self._seen
+
+    def add(self, key: tuple[object, ...]) -> None:
+        self._seen[key] = self._clock()
+        self._seen.move_to_end(key)
+
+    def discard(self, key: tuple[object, ...]) -> None:
+        self._seen.pop(key, None)
+
+
+def make_app(
+    token: str | None,
+    on_signals: OnSignals,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    metrics: AlertMetrics | None = None,
+    dedupe_seconds: float = DEFAULT_DEDUPE_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> web.Application:
+    """The receiver as an aiohttp application. `token=None` turns authentication off."""
+    m = metrics or AlertMetrics.create()
+    expected = f"Bearer {token}".encode() if token is not None else None
+    recent = _RecentKeys(dedupe_seconds, clock)
+
+    def reply(code: int, rejected: str | None = None, **body: Any) -> web.Response:
+        m.requests.labels(str(code)).inc()
+        if rejected:
+            m.rejected.labels(rejected).inc()
+        return web.json_response(body, status=code)
+
+    async def read_body(request: web.Request) -> bytes | None:
+        if request.content_length is not None and request.content_length > max_body_bytes:
+            return None
+        body = bytearray()
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            body += chunk
+            if len(body) > max_body_bytes:
+                return None
+        return bytes(body)
+
+    async def alerts(request: web.Request) -> web.Response:
+        if expected is not None:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                resp = reply(401, "unauthorized", error="missing or wrong bearer token")
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                return resp
+        body = await read_body(request)
+        if body is None:
+            return reply(413, "too_large", error=f"body over {max_body_bytes} bytes")
+        try:
+            parsed = parse_webhook(body)
+        except PayloadError as exc:
+            return reply(400, "malformed", error=str(exc))
+
+        ignored = dict(parsed.ignored)
+        fresh: list[AlertSignal] = []
+        keys: set[tuple[object, ...]] = set()
+        for signal in parsed.signals:
+            m.received.labels(signal.alert, signal.status).inc()
+            key = dedupe_key(signal)
+            if key in keys or recent.contains(key):
+                ignored["duplicate"] = ignored.get("duplicate", 0) + 1
+                continue
+            keys.add(key)
+            fresh.append(signal)
+
+        result = ReceiveResult()
+        if fresh:
+            # Marked seen before handling, so a concurrent copy of this notification is a
+            # duplicate; forgotten again on failure, so Alertmanager's retry is not.
+            for key in keys:
+                recent.add(key)
+            try:
+                result = _as_result(await on_signals(fresh))
+            except Exception:
+                for key in keys:
+                    recent.discard(key)
+                log.exception("rollback handler failed on %d alert signal(s)", len(fresh))
+                return reply(500, "handler_error", error="rollback handler failed; retry")
+        if result.unknown:
+            ignored["unknown_target"] = len(result.unknown)
+            for name in sorted({_describe(ref) for ref in result.unknown}):
+                log.info("alert for unknown pool %s ignored", name)
+        for reason, n in ignored.items():
+            m.ignored.labels(reason).inc(n)
+        m.handled.labels("changed").inc(result.changed)
+        m.handled.labels("unchanged").inc(result.unchanged)
+        return reply(
+            200,
+            status="ok",
+            received=parsed.received,
+            signals=len(fresh),
+            ignored=ignored,
+            changed=result.changed,
+            unchanged=result.unchanged,
+        )
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    # aiohttp's own limit backs up read_body's for bodies read elsewhere
+    app = web.Application(client_max_size=max_body_bytes + 1)
+    app.router.add_post("/alerts", alerts)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def make_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """Server-side TLS (1.2 or later) from a PEM certificate chain and key."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert_file, key_file)
+    return ctx
+
+
+def read_token(token_file: str) -> str:
+    token = Path(token_file).read_text().strip()
+    if not token:
+        raise ValueError(f"alerts token file {token_file} is empty")
+    return token
+
+
+async def serve_alerts(
+    address: str,
+    token_file: str | None,
+    tls_cert_file: str | None,
+    tls_key_file: str | None,
+    on_signals: OnSignals,
+    *,
+    metrics: AlertMetrics | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> web.AppRunner:
+    """Start the receiver on `address`; returns the runner (`await runner.cleanup()` stops it).
+
+    Without a token file anyone who can reach the port can trigger rollbacks: a warning is
+    logged. TLS needs both files. Counters go to the operator's registry unless `metrics`
+    says otherwise.
+    """
+    host, port = parse_address(address)
+    token = await asyncio.to_thread(read_token, token_file) if token_file else None
+    if token is None:
+        log.warning("alerts receiver on %s has no token: requests are not authenticated", address)
+    if bool(tls_cert_file) != bool(tls_key_file):
+        raise ValueError("TLS for the alerts receiver needs both a certificate and a key file")
+    ssl_ctx = make_ssl_context(tls_cert_file, tls_key_file) if tls_cert_file else None  # type: ignore[arg-type]
+    metrics = metrics or operator_alert_metrics()
+    app = make_app(token, on_signals, max_body_bytes=max_body_bytes, metrics=metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx)
+    await site.start()
+    log.info("alerts receiver listening on %s%s", address, " (TLS)" if ssl_ctx else "")
+    return runner

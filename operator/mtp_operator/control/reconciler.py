@@ -1,0 +1,386 @@
+"""Brings one MTPInference's pools in line with its spec and the cluster's GPU nodes.
+
+Reads come from in-memory views of the cluster (kopf indexes, see app/handlers.py), so a
+reconcile that finds nothing to do makes no API request at all; writes go through kube.Kube.
+Each resource is reconciled by one task at a time; a request that arrives while one runs
+makes it run once more, never twice in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from lightkube import ApiError
+
+from mtp_operator import builders
+from mtp_operator.adapters.telemetry import OPERATOR_METRICS
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
+from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
+from mtp_operator.drift import drifted_fields
+from mtp_operator.events import (
+    REASON_MANUAL_CHANGE_REVERTED,
+    REASON_POOL_CREATED,
+    REASON_POOL_REMOVED,
+    REASON_POOL_UPDATED,
+    manual_change_reverted,
+    pool_created,
+    pool_removed,
+    pool_updated,
+)
+from mtp_operator.model_cache import cache_problems, effective
+from mtp_operator.naming import ANNOTATION_SETTINGS_HASH
+from mtp_operator.planning import PoolPlan
+from mtp_operator.reconcile_plan import (
+    Applied,
+    PassPlan,
+    pass_status,
+    plan_pass,
+    product_of,
+    resource_version,
+    significant,
+)
+from mtp_operator.rollback.policy import Decision
+from mtp_operator.rollback.state import with_decisions
+from mtp_operator.settings import OperatorSettings
+from mtp_operator.status import observe_deployment, read_status, status_changed, to_wire
+from mtp_operator.validation import Problem, problems_text, spec_problems
+
+log = logging.getLogger(__name__)
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class _Slot:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    dirty: bool = False
+    # Our own last status write, used until the watch delivers it (never read stale state).
+    status: MTPInferenceStatus | None = None
+    status_rv: int = 0
+    # Pools we applied, by GPU product, until the watch delivers them: a pass that runs before
+    # a new Deployment's watch event must not create (and announce) it a second time.
+    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    service_applied: float = -1e9  # monotonic time of our last Service apply
+    status_written: float = -1e9  # monotonic time of our last status write
+    later: asyncio.TimerHandle | None = None  # a pass scheduled by reconcile_later()
+    # The last pass's pure results, reused while their inputs are the same: most passes at
+    # scale are for a pool's status change and find the same spec and the same plans.
+    spec_memo: tuple[str, Any, Any] | None = None  # (spec as JSON, spec, problems)
+    desired_memo: tuple[Any, list[dict[str, Any]]] | None = None  # (inputs, objects)
+
+
+SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
+# A status change that only moves counts (ready replicas, messages) is written at most this
+# often per resource; anything a reader acts on (phase, a condition's status, K, generation,
+# rollbacks) at once. At scale this halves the status writes of a rollout.
+STATUS_COUNTS_INTERVAL = 2.0
+RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resource
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        view: ClusterView,
+        settings: OperatorSettings,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.kube = kube
+        self.view = view
+        self.settings = settings
+        self.clock = clock
+        self._slots: dict[Key, _Slot] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._gpu_fingerprint: frozenset = frozenset()
+
+    # ---- scheduling -------------------------------------------------------------------
+    def slot(self, key: Key) -> _Slot:
+        return self._slots.setdefault(key, _Slot())
+
+    def forget(self, key: Key) -> None:
+        slot = self._slots.pop(key, None)
+        if slot is not None and slot.later is not None:
+            slot.later.cancel()
+
+    def reconcile_later(self, key: Key, delay: float) -> None:
+        """One more pass of `key` in `delay` seconds (one timer per resource; the earliest)."""
+        slot = self.slot(key)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        if slot.later is not None and not slot.later.cancelled():
+            if slot.later.when() <= due:
+                return
+            slot.later.cancel()
+
+        def fire() -> None:
+            slot.later = None
+            if self._slots.get(key) is slot:
+                task = loop.create_task(self.reconcile_or_retry(key))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+        slot.later = loop.call_at(due, fire)
+
+    async def reconcile_or_retry(self, key: Key) -> None:
+        """reconcile(), and on an API error another pass in RETRY_SECONDS: the failure is in
+        status where it could be written, and a watch event is not delivered twice."""
+        try:
+            await self.reconcile(key)
+        except (TransientReconcileError, ApiError, TransportError) as err:
+            log.warning("will retry %s/%s in %.0fs: %s", key[0], key[1], RETRY_SECONDS, err)
+            self.reconcile_later(key, RETRY_SECONDS)
+
+    def pool_seen(self, key: Key, body: Mapping[str, Any]) -> None:
+        """The watch delivered a pool Deployment event (deletions too): our copy is stale now."""
+        slot = self._slots.get(key)
+        ours = slot.pools.get(product_of(body) or "") if slot else None
+        if ours is not None and resource_version(body) >= resource_version(ours):
+            del slot.pools[product_of(body)]  # type: ignore[union-attr,arg-type]
+
+    def observed_pools(self, key: Key) -> dict[str, Mapping[str, Any]]:
+        """The watched pool Deployments, with our own newer writes the watch hasn't shown."""
+        out = dict(self.view.pool_deployments(key))
+        slot = self.slot(key)
+        for product, ours in list(slot.pools.items()):
+            theirs = out.get(product)
+            if theirs is not None and resource_version(theirs) >= resource_version(ours):
+                del slot.pools[product]
+            else:
+                out[product] = ours
+        return out
+
+    async def reconcile(self, key: Key) -> None:
+        """Reconcile `key`; if one is running, make it run once more and return."""
+        slot = self.slot(key)
+        if slot.lock.locked():
+            slot.dirty = True
+            return
+        async with slot.lock:
+            while True:
+                slot.dirty = False
+                await self.reconcile_locked(key)
+                if not slot.dirty:
+                    break
+
+    def gpu_inventory_changed(self) -> bool:
+        """True when the set of (product, allocatable, schedulable) among nodes has changed."""
+        fingerprint = frozenset(
+            (n.name, n.product, n.allocatable_gpus, n.schedulable) for n in self.view.gpu_nodes()
+        )
+        changed = fingerprint != self._gpu_fingerprint
+        self._gpu_fingerprint = fingerprint
+        return changed
+
+    async def reconcile_all(self) -> None:
+        """Reconcile every resource; one failing (reported in its status) stops no other."""
+        keys = list(self.view.resource_keys())
+        results = await asyncio.gather(*(self.reconcile(k) for k in keys), return_exceptions=True)
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("reconcile %s/%s failed: %s", key[0], key[1], result)
+
+    # ---- the work ---------------------------------------------------------------------
+    def current_status(self, key: Key, body: Mapping[str, Any]) -> MTPInferenceStatus:
+        """The freshest status we know: the watched body's, or our own newer write."""
+        slot = self.slot(key)
+        if slot.status is not None and slot.status_rv > resource_version(body):
+            return slot.status
+        return read_status(body.get("status"))
+
+    async def _write_status(
+        self, key: Key, old: MTPInferenceStatus, new: MTPInferenceStatus
+    ) -> None:
+        """The one status writer: patches the status subresource when `new` tells the reader
+        something `old` (what the server has) doesn't."""
+        if not status_changed(old, new):
+            return
+        slot = self.slot(key)
+        wait = slot.status_written + STATUS_COUNTS_INTERVAL - time.monotonic()
+        if wait > 0 and significant(old) == significant(new):
+            self.reconcile_later(key, wait)  # counts only: written with the next change
+            return
+        out = await self.kube.patch_status(key[0], key[1], to_wire(new))
+        slot.status_written = time.monotonic()
+        slot.status = read_status(out.get("status")) if out.get("status") else new
+        try:
+            slot.status_rv = int(out["metadata"]["resourceVersion"])
+        except (KeyError, ValueError, TypeError):
+            slot.status_rv = 0
+        OPERATOR_METRICS.status_writes.inc()
+
+    async def reconcile_locked(self, key: Key, decisions: Sequence[Decision] = ()) -> None:
+        """One reconcile pass; the caller holds `self.slot(key).lock`. `decisions` (rollback
+        decisions, from control/rollback.py) are folded into the status first, so this pass
+        plans with them and its one status write persists them."""
+        body = self.view.resource(key)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return  # deleted: owner references let the garbage collector remove the pools
+        try:
+            await self._pass(key, body, decisions)
+        finally:
+            # counted when done, so a pass that shows in the counter has made its writes
+            OPERATOR_METRICS.reconciles.inc()
+
+    async def _pass(
+        self, key: Key, body: Mapping[str, Any], decisions: Sequence[Decision]
+    ) -> None:
+        meta = body.get("metadata") or {}
+        persisted = self.current_status(key, body)
+        previous = with_decisions(persisted, decisions)
+        observed_bodies = self.observed_pools(key)
+        observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
+        now = self.clock()
+        spec, problems = self._spec(key, body)
+        if spec is not None and not problems:  # the cache's claim must exist in the namespace
+            problems = cache_problems(
+                spec,
+                self.settings.model_cache,
+                lambda claim: self.view.has_claim(key[0], claim),
+                key[0],
+            )
+        plan = plan_pass(
+            spec, problems, self.view.gpu_nodes(), previous, meta, self.settings.gpu_profiles, now
+        )
+        applied = Applied()
+        if not plan.problems:
+            assert plan.spec is not None
+            desired = self._desired(key, meta.get("uid", ""), plan.spec, plan.pools)
+            applied = await self.apply(key, body, desired, plan, observed_bodies)
+        status = pass_status(key[1], meta.get("generation"), plan, previous, observed, applied, now)
+        if plan.problems and status_changed(persisted, status):
+            await self.kube.event(
+                body, plan.problem_reason, problems_text(plan.problems), "Warning"
+            )
+        await self._write_status(key, persisted, status)
+        if applied.error:
+            # the caller retries (reconcile_or_retry): the API server may be briefly away
+            raise TransientReconcileError(applied.error)
+
+    async def apply(
+        self,
+        key: Key,
+        body: Mapping[str, Any],
+        desired: list[dict[str, Any]],
+        plan: PassPlan,
+        observed_bodies: Mapping[str, Mapping[str, Any]],
+    ) -> Applied:
+        """The I/O step: the Service if missing, each pool that drifted, removed pools."""
+        hashes: dict[str, str] = {}
+        try:
+            slot = self.slot(key)
+            since = time.monotonic() - slot.service_applied
+            if not self.view.has_service(key) and since > SERVICE_WATCH_GRACE:
+                await self.kube.apply(desired[0])
+                slot.service_applied = time.monotonic()
+            for obj, pool in zip(desired[1:], plan.pools, strict=True):
+                hashes[pool.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
+                await self._apply_pool(body, obj, pool, observed_bodies.get(pool.gpu_product))
+            removed = [p for p in observed_bodies if p not in {pl.gpu_product for pl in plan.pools}]
+            for product in removed:
+                dep = observed_bodies[product]
+                await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
+                self.slot(key).pools.pop(product, None)
+                await self.kube.event(body, REASON_POOL_REMOVED, pool_removed(product))
+        except (ApiError, TransportError) as err:
+            if isinstance(err, ApiError):
+                error = f"{err.status.code}: {err.status.message}"
+            else:
+                error = f"API server unreachable: {type(err).__name__} {err}".strip()
+            log.warning("reconcile %s/%s failed: %s", key[0], key[1], error)
+            return Applied(hashes, [], error)
+        return Applied(hashes, removed)
+
+    def _spec(
+        self, key: Key, body: Mapping[str, Any]
+    ) -> tuple[MTPInferenceSpec | None, list[Problem]]:
+        """spec_problems(spec), reused while the spec is the same."""
+        slot = self.slot(key)
+        text = json.dumps(body.get("spec") or {}, sort_keys=True, default=str)
+        if slot.spec_memo is None or slot.spec_memo[0] != text:
+            spec, problems = spec_problems(body.get("spec") or {})
+            slot.spec_memo = (text, spec, problems)
+        return slot.spec_memo[1], list(slot.spec_memo[2] or [])
+
+    def _desired(
+        self, key: Key, uid: str, spec: MTPInferenceSpec, plans: list[PoolPlan]
+    ) -> list[dict[str, Any]]:
+        """builders.desired_objects (pure), reused while its inputs are the same. The spec
+        and each pool's K determine a plan's serve settings; the objects are never mutated."""
+        slot = self.slot(key)
+        assert slot.spec_memo is not None
+        inputs = (
+            slot.spec_memo[0],
+            uid,
+            tuple((p.gpu_product, p.k, p.source, p.k_mode, p.serve) for p in plans),
+        )
+        if slot.desired_memo is None or slot.desired_memo[0] != inputs:
+            objs = builders.desired_objects(
+                key[1],
+                key[0],
+                uid,
+                spec,
+                plans,
+                self.settings.default_image,
+                self.settings.gpu_profiles,
+                effective(spec, self.settings.model_cache),
+            )
+            slot.desired_memo = (inputs, objs)
+        return slot.desired_memo[1]
+
+    async def _write_pool(
+        self, owner: Mapping[str, Any], plan: PoolPlan, desired: Mapping[str, Any]
+    ) -> None:
+        out = await self.kube.apply(desired)
+        OPERATOR_METRICS.deployment_writes.inc()
+        meta = owner.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if resource_version(out):
+            self.slot(key).pools[plan.gpu_product] = out
+
+    async def _apply_pool(
+        self,
+        owner: Mapping[str, Any],
+        desired: Mapping[str, Any],
+        plan: PoolPlan,
+        observed: Mapping[str, Any] | None,
+    ) -> None:
+        if observed is not None:
+            changed = drifted_fields(desired, observed)
+            if not changed:
+                return
+            ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
+            theirs = (
+                (observed.get("metadata") or {})
+                .get("annotations", {})
+                .get(ANNOTATION_SETTINGS_HASH)
+            )
+            await self._write_pool(owner, plan, desired)
+            if ours == theirs:
+                await self.kube.event(
+                    owner,
+                    REASON_MANUAL_CHANGE_REVERTED,
+                    manual_change_reverted(plan.gpu_product, changed),
+                    "Warning",
+                )
+            else:
+                await self.kube.event(owner, REASON_POOL_UPDATED, pool_updated(plan))
+            return
+        await self._write_pool(owner, plan, desired)
+        await self.kube.event(
+            owner, REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"])
+        )
+
+
+class TransientReconcileError(RuntimeError):
+    """The API server refused or failed a write; retried by the caller."""
+
+
+__all__ = ["Key", "Reconciler", "TransientReconcileError", "product_of", "resource_version"]
