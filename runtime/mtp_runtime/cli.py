@@ -210,7 +210,7 @@ def _engine_launch(
 def _startup_failure(status: int, port: int, tail: engine.LogTail) -> None:
     """One clear line (why vLLM died before serving), then its last log lines."""
     reason = tail.reason()
-    lines = tail.last(TAIL_LINES)
+    lines = [line if len(line) <= 500 else line[:497] + "..." for line in tail.last(TAIL_LINES)]
     message = (f"vLLM exited with status {status} during start-up, before /health answered on "
                f"port {port}: {reason or 'no error line in its log'}")
     log("vllm_startup_failed", level="error", exit_status=status, port=port, reason=reason,

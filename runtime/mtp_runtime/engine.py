@@ -40,6 +40,7 @@ CPU_ENGINE_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
 CPU_ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+REASON_CHARS = 400  # vLLM's errors can list every architecture it knows
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 
 
@@ -169,12 +170,14 @@ class LogTail:
             lines = [line for line in self.lines if line.strip()]
         return lines if n is None else lines[-n:]
 
-    def reason(self) -> str | None:
-        """The most telling line: the last error/exception line, else None."""
+    def reason(self, max_chars: int = REASON_CHARS) -> str | None:
+        """The most telling line: the last error/exception line (cut to `max_chars`), else
+        None."""
         pattern = re.compile(r"\b(\w*(Error|Exception)|error|ERROR|Traceback)\b")
         for line in reversed(self.last()):
             if pattern.search(line) and not line.startswith("Traceback"):
-                return line.strip()
+                line = line.strip()
+                return line if len(line) <= max_chars else line[: max_chars - 3] + "..."
         return None
 
 
