@@ -48,8 +48,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mtp_runtime.metrics import SpecCounters, increase, spec_snapshot, total
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
+from mtp_runtime.spec_decode import SpecCounters, increase, spec_snapshot, total
 
 LABEL_RESOURCE = "mtp-operator.io/mtpinference"
 VLLM_PORT = 8000
