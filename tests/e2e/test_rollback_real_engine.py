@@ -60,7 +60,7 @@ THRESHOLD = 0.88  # the default minHitRate (and the shipped rules' threshold)
 HEALTHY_S = 12  # seconds of predictable traffic, after the first drafts, that must not act
 # An engine start is 20-40 s on 2 idle cores, minutes on a busy machine (three processes each
 # import torch and vLLM).
-START_TIMEOUT = 480
+START_TIMEOUT = 900
 
 
 def real_pool(kubeconfig, namespace, tmp_path, vllm_executable, tiny_model_dir) -> RealPool:

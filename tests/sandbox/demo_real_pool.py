@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kubeconfig", default=None)
     ap.add_argument("--healthy-seconds", type=float, default=12)
     ap.add_argument("--threshold", type=float, default=0.88)
-    ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds for each engine start (minutes on a busy machine)")
     args = ap.parse_args(argv)
     # SIGTERM (the demo's cleanup) unwinds like Ctrl-C, so every engine started is stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                     model=args.model, log_dir=args.log_dir, on_event=event)
     product = args.product
     with PoolWatch(kubeconfig, args.namespace) as watch, pool, \
-            Traffic(pool, "predictable") as load:
+            Traffic(pool, "predictable", concurrency=4) as load:
         try:
             old = pool.wait_engine(next(c.k for c in watch.changes if c.product == product),
                                    timeout=args.timeout)
