@@ -193,7 +193,8 @@ def _engine_launch(
         extra_args, extra_env = engine.engine_additions(os.environ)
     except engine.EngineSetupError as exc:
         raise CLIError(EXIT_CONFIG, "engine_setup_error", str(exc)) from exc
-    argv = vllm_binary_override(launch.argv) + extra_args
+    argv = engine.with_draft_attention_backend(vllm_binary_override(launch.argv), os.environ)
+    argv += extra_args
     env, dropped = child_environment(os.environ, {**launch.env, **cache_env, **extra_env})
     if dropped:
         log("env_dropped", level="warning", names=dropped,
