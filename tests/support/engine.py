@@ -125,6 +125,7 @@ class RealEngine:
         self.log_path = log_path or Path(self._tmp.name) / "engine.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s: float | None = None
+        self._t0 = time.monotonic()
 
     @property
     def url(self) -> str:
@@ -170,15 +171,17 @@ class RealEngine:
     def start(self, wait: bool = True) -> RealEngine:
         argv, env = self.command()
         self._log = open(self.log_path, "wb")
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=REPO)
         if wait:
-            self.wait_ready(t0)
+            self.wait_ready()
         return self
 
-    def wait_ready(self, t0: float | None = None) -> float:
-        t0 = time.monotonic() if t0 is None else t0
+    def wait_ready(self) -> float:
+        """Until /health answers 200; returns (and keeps in `started_s`) the seconds since
+        start()."""
+        t0 = self._t0
         deadline = t0 + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
