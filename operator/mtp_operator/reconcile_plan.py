@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT
@@ -25,6 +26,7 @@ from mtp_operator.planning import (
 from mtp_operator.rollback.state import RollbackView, pool_rollback_state
 from mtp_operator.status import ObservedPool, StatusInput, build_status, to_wire
 from mtp_operator.timestamps import format_time
+from mtp_operator.tuning.state import canary_plans, carried, planned_k
 from mtp_runtime.problems import Problem
 
 
@@ -37,6 +39,8 @@ class PassPlan:
     problems: list[Problem]
     problem_reason: str  # InvalidSpec or NoFittingNodes, when there are problems
     rollback: RollbackView
+    tuning: Mapping[str, PoolTuningStatus] = field(default_factory=dict)  # kept, by product
+    canaries: Mapping[str, PoolPlan] = field(default_factory=dict)  # tuning canary replicas
 
 
 @dataclass(frozen=True)
@@ -63,16 +67,22 @@ def plan_pass(
     rollback = pool_rollback_state(previous, metadata, metadata.get("generation"), now)
     reason = REASON_INVALID_SPEC
     plans: list[PoolPlan] = []
+    tuning = carried(previous, spec, metadata.get("generation"))  # measured K (tuning/)
+    canaries: dict[str, PoolPlan] = {}
     if spec is not None and not blocking:
         products = fitting_products(spec, nodes)
         if not products:
             # Keep what serves now (a bad edit must not tear pools down); say why.
             blocking, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
         try:
-            plans = [plan_pool(spec, p, gpu_profiles, rollback.k_for(p)) for p in products]
+            plans = [
+                plan_pool(spec, p, gpu_profiles, rollback.k_for(p), planned_k(tuning.get(p)))
+                for p in products
+            ]
+            canaries = canary_plans(spec, plans, tuning, rollback.k_for, gpu_profiles)
         except PlanError as err:
             blocking = list(err.problems)
-    return PassPlan(spec, plans, blocking, reason, rollback)
+    return PassPlan(spec, plans, blocking, reason, rollback, tuning, canaries)
 
 
 def pass_status(
@@ -111,6 +121,7 @@ def pass_status(
         settings_hashes=applied.settings_hashes,
         apply_error=applied.error,
         removed=applied.removed,
+        tuning=plan.tuning,
     )
     status = build_status(inputs, format_time(now))
     if plan.rollback.handled_reset_token:

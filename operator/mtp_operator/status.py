@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mtp_operator import conditions as c
+from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import Condition, MTPInferenceStatus, PoolStatus
 from mtp_operator.naming import pool_deployment_name, product_slug
 from mtp_operator.planning import PoolPlan
@@ -58,6 +59,7 @@ class StatusInput:
     problem_reason: str = c.REASON_INVALID_SPEC  # or NoFittingNodes
     apply_error: str | None = None
     removed: Sequence[str] = field(default_factory=list)
+    tuning: Mapping[str, PoolTuningStatus] = field(default_factory=dict)  # by GPU product
 
 
 def read_status(status: Mapping[str, Any] | MTPInferenceStatus | None) -> MTPInferenceStatus:
@@ -99,6 +101,7 @@ def _pool_entry(i: StatusInput, plan: PoolPlan) -> PoolStatus:
         ready_replicas=seen.ready if seen else 0,
         deployment=pool_deployment_name(i.name, plan.gpu_product),
         settings_hash=i.settings_hashes.get(plan.gpu_product, ""),
+        tuning=i.tuning.get(plan.gpu_product),
         **kept,
     )
 
@@ -180,7 +183,20 @@ def build_status(i: StatusInput, now: str) -> MTPInferenceStatus:
         ready=f"{ready}/{desired}",
         removed_pools=removed,
         rollback_reset_token=i.previous.rollback_reset_token,
+        # "" clears a summary the server still has (a merge patch leaves out what is None)
+        tuning_summary=tuning_summary(pools) or ("" if i.previous.tuning_summary else None),
     )
+
+
+def tuning_summary(pools: Sequence[PoolStatus]) -> str | None:
+    """`tuningSummary`: the recommended K per tuned pool (`-` while it has none yet)."""
+    parts = [
+        f"{short_product(p.gpu_product)}:"
+        f"{'-' if p.tuning.recommended_k is None else p.tuning.recommended_k}"
+        for p in pools
+        if p.tuning is not None
+    ]
+    return " ".join(parts) or None
 
 
 def status_changed(

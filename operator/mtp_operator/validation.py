@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.planning import validate_spec
+from mtp_operator.tuning.settings import tuning_problems
 from mtp_runtime.problems import Problem, problems_text
 
 __all__ = ["Problem", "problems_text", "spec_problems"]
@@ -44,4 +45,4 @@ def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None,
     except ValidationError as err:
         problems = {Problem(_field(e["loc"]), _message(e["msg"])) for e in err.errors()}
         return None, sorted(problems)
-    return spec, validate_spec(spec)
+    return spec, validate_spec(spec) + tuning_problems(spec)

@@ -38,7 +38,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,7 +131,8 @@ class PoolFakes:
         with self._lock:
             self.acceptance[key] = p
 
-    def set_rate(self, key: Key, drafts_per_second: float) -> None:
+    def set_rate(self, key: Key, drafts_per_second: float | Callable[[int], float]) -> None:
+        """Drafts per second of each fake of the pool, or a function of the fake's K."""
         with self._lock:
             self.rates[key] = drafts_per_second
 
@@ -253,6 +254,8 @@ class PoolFakes:
                     if s.k <= 0:
                         continue
                     rate = self._lookup(self.rates, s.resource, s.product, self.default_rate)
+                    if callable(rate):  # a rate per K (a step cost): set_rate(key, f)
+                        rate = rate(s.k)
                     p = self._lookup(
                         self.acceptance, s.resource, s.product, self.default_acceptance
                     )

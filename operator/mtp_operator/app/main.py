@@ -26,6 +26,7 @@ from mtp_operator.control.evaluator import run_evaluator
 from mtp_operator.control.leader import LeaderElector
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.control.rollback import RollbackActions
+from mtp_operator.control.tuner import run_tuner
 from mtp_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,9 @@ async def run(opts: RunOptions) -> int:
         if evaluator_on:
             interval = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
             tasks.append(asyncio.create_task(run_evaluator(actions, interval)))
+        # measured K (spec.speculative.tuning): idle unless a resource turns it on
+        scrape_every = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
+        tasks.append(asyncio.create_task(run_tuner(reconciler, view, kube, scrape_every)))
         tasks.append(
             asyncio.create_task(handlers.resync_loop(reconciler, view, handlers.RESYNC_SECONDS))
         )
