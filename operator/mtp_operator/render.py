@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from mtp_operator import builders
+from mtp_operator import builders, model_cache
 from mtp_operator.planning import PlanError, plan_pool
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.validation import spec_problems
@@ -40,6 +40,8 @@ def render_resource(
     if not name:
         raise RenderError("metadata.name: required")
     spec, problems = spec_problems(doc.get("spec") or {})
+    if spec is not None and not problems:  # no cluster here: claims are not looked up
+        problems = model_cache.cache_problems(spec, settings.model_cache)
     if problems or spec is None:
         raise RenderError(problems_text(problems, _spec_field))
     chosen = list(products or spec.gpu_products or DEFAULT_PRODUCTS)
@@ -55,6 +57,7 @@ def render_resource(
         plans,
         settings.default_image,
         settings.gpu_profiles,
+        model_cache.effective(spec, settings.model_cache),
     )
 
 

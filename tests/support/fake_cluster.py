@@ -160,6 +160,7 @@ class FakeView:
     deployments: dict[Key, dict[str, dict[str, Any]]] = field(default_factory=dict)
     services: set[Key] = field(default_factory=set)
     pods: dict[tuple[Key, str], dict[str, str]] = field(default_factory=dict)
+    claims: set[tuple[str, str]] = field(default_factory=set)  # (namespace, name)
     listed: bool = True
 
     @property
@@ -188,6 +189,9 @@ class FakeView:
 
     def has_service(self, key: Key) -> bool:
         return key in self.services
+
+    def has_claim(self, namespace: str, name: str) -> bool:
+        return (namespace, name) in self.claims
 
     def deliver(self, kube: FakeKube, *, ready: bool = False) -> None:
         """The watch events for everything `kube` holds: statuses into the resources,

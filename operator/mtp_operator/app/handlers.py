@@ -49,6 +49,7 @@ class KopfView:
         self.deployments: Any = None
         self.services: Any = None
         self.pods: Any = None
+        self.claims: Any = None
 
     @property
     def ready(self) -> bool:
@@ -61,6 +62,7 @@ class KopfView:
             self.deployments = kwargs["pool_deployment_index"]
             self.services = kwargs["service_index"]
             self.pods = kwargs["pool_pod_index"]
+            self.claims = kwargs["claim_index"]
 
     def resource(self, key: Key) -> Mapping[str, Any] | None:
         for body in self.resources.get(key, ()):
@@ -88,6 +90,10 @@ class KopfView:
 
     def has_service(self, key: Key) -> bool:
         return bool(list(self.services.get(key, ())))
+
+    def has_claim(self, namespace: str, name: str) -> bool:
+        """A PersistentVolumeClaim exists (spec.modelCache.persistentVolumeClaim)."""
+        return bool(list(self.claims.get((namespace, name), ())))
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: KopfView) -> None:
@@ -126,6 +132,10 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         key = (namespace, labels.get(LABEL_RESOURCE), labels[LABEL_GPU_PRODUCT])
         return {key: (name, status["podIP"])}
 
+    @kopf.index("v1", "persistentvolumeclaims", id="claim_index", registry=registry)
+    def claim_index(namespace: str, name: str, **_: Any) -> dict:
+        return {(namespace, name): True}
+
     @kopf.on.event(*mtpi, registry=registry)
     async def resource_changed(event: dict, namespace: str, name: str, **kw: Any) -> None:
         view.bind(kw)
@@ -147,6 +157,15 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         if key:
             reconciler.pool_seen(key, body)
             await reconciler.reconcile_or_retry(key)
+
+
+    @kopf.on.event("v1", "persistentvolumeclaims", registry=registry)
+    async def claim_changed(event: dict, namespace: str, **kw: Any) -> None:
+        # a model cache's claim appeared or went away: its resources are checked again
+        view.bind(kw)
+        if event.get("type") in ("ADDED", "DELETED", None):
+            keys = [k for k in view.resource_keys() if k[0] == namespace]
+            await asyncio.gather(*(reconciler.reconcile_or_retry(k) for k in keys))
 
 
 async def resync_loop(reconciler: Reconciler, view: KopfView, interval: float) -> None:

@@ -34,6 +34,7 @@ from mtp_operator.events import (
     pool_removed,
     pool_updated,
 )
+from mtp_operator.model_cache import cache_problems, effective
 from mtp_operator.naming import ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import PoolPlan
 from mtp_operator.reconcile_plan import (
@@ -238,6 +239,13 @@ class Reconciler:
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
         now = self.clock()
         spec, problems = self._spec(key, body)
+        if spec is not None and not problems:  # the cache's claim must exist in the namespace
+            problems = cache_problems(
+                spec,
+                self.settings.model_cache,
+                lambda claim: self.view.has_claim(key[0], claim),
+                key[0],
+            )
         plan = plan_pass(
             spec, problems, self.view.gpu_nodes(), previous, meta, self.settings.gpu_profiles, now
         )
@@ -322,6 +330,7 @@ class Reconciler:
                 plans,
                 self.settings.default_image,
                 self.settings.gpu_profiles,
+                effective(spec, self.settings.model_cache),
             )
             slot.desired_memo = (inputs, objs)
         return slot.desired_memo[1]
