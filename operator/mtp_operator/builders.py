@@ -18,7 +18,9 @@ from mtp_operator.naming import (
     ANNOTATION_SETTINGS_HASH,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
+    LABEL_CANARY,
     LABEL_RESOURCE,
+    canary_pod_name,
     label_value,
     pool_deployment_name,
     pool_labels,
@@ -165,11 +167,14 @@ def pool_deployment(
     default_image: str,
     cluster_profiles: Mapping[str, int] | None = None,
     model_cache: EffectiveCache | None = None,
+    replicas: int | None = None,
 ) -> dict[str, Any]:
-    """The Deployment for one (resource, GPU product) pool."""
+    """The Deployment for one (resource, GPU product) pool (`replicas`: spec.replicas unless
+    a canary replica runs beside it)."""
     config = pool_config(spec, plan, cluster_profiles or {}, model_cache)
     pod_spec = _pod_spec(spec, plan, config, spec.image or default_image, model_cache)
-    digest = settings_hash(pod_spec, spec.replicas)
+    replicas = spec.replicas if replicas is None else replicas
+    digest = settings_hash(pod_spec, replicas)
     labels = pool_labels(name, plan.gpu_product)
     command = json.dumps(build_argv(plan.serve))
     return {
@@ -187,7 +192,7 @@ def pool_deployment(
             "ownerReferences": [owner_reference(name, uid)],
         },
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": replicas,
             "selector": {"matchLabels": pool_selector(name, plan.gpu_product)},
             # GPU clusters have no spare GPUs to surge into.
             "strategy": {
@@ -202,6 +207,43 @@ def pool_deployment(
                 "spec": pod_spec,
             },
         },
+    }
+
+
+def canary_pod(
+    name: str,
+    namespace: str,
+    uid: str,
+    spec: MTPInferenceSpec,
+    plan: PoolPlan,
+    default_image: str,
+    cluster_profiles: Mapping[str, int] | None = None,
+    model_cache: EffectiveCache | None = None,
+) -> dict[str, Any]:
+    """One replica of a pool at a tuning trial's K (`plan`), beside the pool's Deployment.
+
+    A bare Pod with the pool's labels, so the resource's Service (and the PodMonitor) send it
+    the same traffic as the other replicas; the Deployment's ReplicaSets never claim it (their
+    selectors carry a pod-template-hash it has not). Owned by the MTPInference.
+    """
+    config = pool_config(spec, plan, cluster_profiles or {}, model_cache)
+    pod_spec = _pod_spec(spec, plan, config, spec.image or default_image, model_cache)
+    labels = {**pool_labels(name, plan.gpu_product), LABEL_CANARY: "true"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": canary_pod_name(name, plan.gpu_product, plan.k),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                ANNOTATION_COMMAND: json.dumps(build_argv(plan.serve)),
+                ANNOTATION_SETTINGS_HASH: settings_hash(pod_spec),
+                ANNOTATION_GPU_PRODUCT: plan.gpu_product,
+            },
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": pod_spec,
     }
 
 
@@ -240,11 +282,16 @@ def desired_objects(
     default_image: str,
     cluster_profiles: Mapping[str, int] | None = None,
     model_cache: EffectiveCache | None = None,
+    canaries: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
+    """The Service, then one Deployment per plan (a pool in `canaries`, GPU products with a
+    canary replica running, gets one replica less)."""
     objs = [service(name, namespace, uid)]
     objs += [
-        pool_deployment(name, namespace, uid, spec, p, default_image, cluster_profiles,
-                        model_cache)
+        pool_deployment(
+            name, namespace, uid, spec, p, default_image, cluster_profiles, model_cache,
+            spec.replicas - 1 if p.gpu_product in canaries and spec.replicas >= 2 else None,
+        )
         for p in plans
     ]
     return objs

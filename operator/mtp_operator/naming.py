@@ -17,6 +17,7 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_RESOURCE = "mtp-operator.io/mtpinference"
 LABEL_GPU_PRODUCT = "mtp-operator.io/gpu-product"
+LABEL_CANARY = "mtp-operator.io/canary"  # a tuning trial's pod beside the pool's Deployment
 MANAGED_BY = "mtp-operator"
 APP_NAME = "mtp-inference"
 
@@ -52,6 +53,11 @@ def product_slug(product: str) -> str:
 
 def pool_deployment_name(resource: str, product: str) -> str:
     return dns_label(resource, product_slug(product))
+
+
+def canary_pod_name(resource: str, product: str, k: int) -> str:
+    """The pod a canary trial of K runs in (K in the name: a pod's spec cannot change)."""
+    return dns_label(resource, product_slug(product), f"canary-k{k}")
 
 
 def service_name(resource: str) -> str:

@@ -234,6 +234,10 @@ def serve_settings(spec: MTPInferenceSpec, k: int) -> ServeSettings:
         model_source=spec.model_source,
         mtp_layers=spec.speculative.mtp_layers,
         extra_args=tuple(spec.extra_args or ()),
+        batch_size_schedule=tuple(
+            (r.min_batch_size, r.max_batch_size, r.num_speculative_tokens)
+            for r in spec.speculative.batch_size_schedule or ()
+        ),
     )
 
 
@@ -242,22 +246,25 @@ def plan_pool(
     product: str,
     cluster_profiles: Mapping[str, int] | None = None,
     rollback_k: int | None = None,
+    tuned_k: int | None = None,
 ) -> PoolPlan:
-    """The settings one pool runs with. A rollback pin lowers K; it never raises it above
-    what the spec asks for now."""
+    """The settings one pool runs with. A K adopted by tuning (one of the spec's candidates)
+    replaces the spec's; a rollback pin lowers K, never raising it above what runs now."""
     try:
         resolution = resolve_k(product, k_request(spec), cluster_profiles)
     except KError as err:
         raise PlanError([(err.field, err.message)]) from err
     k, source, reason = resolution.k, resolution.source, resolution.reason
     explicit = spec.speculative.num_speculative_tokens != "auto"
+    if tuned_k is not None and tuned_k != k:
+        k, source, reason = tuned_k, "tuned", f"tuned from K={k}: measured best"
     if rollback_k is not None and rollback_k < k:
         k, source, reason = rollback_k, "rollback", f"rolled back from K={k}"
     serve = serve_settings(spec, k)
     serve_problems = problems(serve)
     if serve_problems:
         raise PlanError(serve_problems)
-    mode = "fixed" if explicit or source == "rollback" else "auto"
+    mode = "fixed" if explicit or source in ("rollback", "tuned") else "auto"
     return PoolPlan(product, k, source, reason, serve, mode)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
 from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT
@@ -29,6 +30,7 @@ from mtp_operator.rollback.state import RollbackView, pool_rollback_state
 from mtp_operator.settings import DEFAULT_POOL_REMOVAL_GRACE_SECONDS
 from mtp_operator.status import ObservedPool, StatusInput, build_status, to_wire
 from mtp_operator.timestamps import format_time, parse_time
+from mtp_operator.tuning.state import canary_plans, carried, planned_k
 from mtp_runtime.problems import Problem
 
 
@@ -43,6 +45,8 @@ class PassPlan:
     rollback: RollbackView
     # existing pools no node fits now: retained as they run, or removed (pool_fates)
     fates: list[PoolFate] = field(default_factory=list)
+    tuning: Mapping[str, PoolTuningStatus] = field(default_factory=dict)  # kept, by product
+    canaries: Mapping[str, PoolPlan] = field(default_factory=dict)  # tuning canary replicas
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ def plan_pass(
     reason = REASON_INVALID_SPEC
     plans: list[PoolPlan] = []
     fates: list[PoolFate] = []
+    tuning = carried(previous, spec, metadata.get("generation"))  # measured K (tuning/)
+    canaries: dict[str, PoolPlan] = {}
     if spec is not None and not blocking:
         nodes = list(nodes)
         products = fitting_products(spec, nodes)
@@ -86,10 +92,14 @@ def plan_pass(
             blocking, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
             fates = [f for f in fates if f.reason == RETAINED_PRODUCT_GONE]
         try:
-            plans = [plan_pool(spec, p, gpu_profiles, rollback.k_for(p)) for p in products]
+            plans = [
+                plan_pool(spec, p, gpu_profiles, rollback.k_for(p), planned_k(tuning.get(p)))
+                for p in products
+            ]
+            canaries = canary_plans(spec, plans, tuning, rollback.k_for, gpu_profiles)
         except PlanError as err:
             blocking = list(err.problems)
-    return PassPlan(spec, plans, blocking, reason, rollback, fates)
+    return PassPlan(spec, plans, blocking, reason, rollback, fates, tuning, canaries)
 
 
 def gone_since(status: MTPInferenceStatus) -> dict[str, datetime]:
@@ -142,6 +152,7 @@ def pass_status(
         apply_error=applied.error,
         removed=applied.removed,
         retained=applied.retained,
+        tuning=plan.tuning,
     )
     status = build_status(inputs, format_time(now))
     if plan.rollback.handled_reset_token:

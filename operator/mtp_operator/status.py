@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mtp_operator import conditions as c
+from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import Condition, MTPInferenceStatus, PoolStatus
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
@@ -67,6 +68,7 @@ class StatusInput:
     removed: Sequence[str] = field(default_factory=list)
     # pools kept as they run although no node fits them now: (status entry, PoolFate message)
     retained: Sequence[tuple[PoolStatus, str]] = ()
+    tuning: Mapping[str, PoolTuningStatus] = field(default_factory=dict)  # by GPU product
 
 
 def read_status(status: Mapping[str, Any] | MTPInferenceStatus | None) -> MTPInferenceStatus:
@@ -108,6 +110,7 @@ def _pool_entry(i: StatusInput, plan: PoolPlan) -> PoolStatus:
         ready_replicas=seen.ready if seen else 0,
         deployment=pool_deployment_name(i.name, plan.gpu_product),
         settings_hash=i.settings_hashes.get(plan.gpu_product, ""),
+        tuning=i.tuning.get(plan.gpu_product),
         **kept,
     )
 
@@ -196,6 +199,8 @@ def build_status(i: StatusInput, now: str) -> MTPInferenceStatus:
         ready=f"{ready}/{desired}",
         removed_pools=removed,
         rollback_reset_token=i.previous.rollback_reset_token,
+        # "" clears a summary the server still has (a merge patch leaves out what is None)
+        tuning_summary=tuning_summary(pools) or ("" if i.previous.tuning_summary else None),
     )
 
 
@@ -238,6 +243,17 @@ def _k_from_command(command: str | None) -> int:
         return int(spec.get("num_speculative_tokens", 0))
     except (ValueError, TypeError, IndexError, AttributeError):
         return 0
+
+
+def tuning_summary(pools: Sequence[PoolStatus]) -> str | None:
+    """`tuningSummary`: the recommended K per tuned pool (`-` while it has none yet)."""
+    parts = [
+        f"{short_product(p.gpu_product)}:"
+        f"{'-' if p.tuning.recommended_k is None else p.tuning.recommended_k}"
+        for p in pools
+        if p.tuning is not None
+    ]
+    return " ".join(parts) or None
 
 
 def status_changed(

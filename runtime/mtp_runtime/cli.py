@@ -193,7 +193,8 @@ def _engine_launch(
         extra_args, extra_env = engine.engine_additions(os.environ)
     except engine.EngineSetupError as exc:
         raise CLIError(EXIT_CONFIG, "engine_setup_error", str(exc)) from exc
-    argv = vllm_binary_override(launch.argv) + extra_args
+    argv = engine.with_draft_attention_backend(vllm_binary_override(launch.argv), os.environ)
+    argv += extra_args
     env, dropped = child_environment(os.environ, {**launch.env, **cache_env, **extra_env})
     if dropped:
         log("env_dropped", level="warning", names=dropped,
@@ -210,7 +211,7 @@ def _engine_launch(
 def _startup_failure(status: int, port: int, tail: engine.LogTail) -> None:
     """One clear line (why vLLM died before serving), then its last log lines."""
     reason = tail.reason()
-    lines = tail.last(TAIL_LINES)
+    lines = [line if len(line) <= 500 else line[:497] + "..." for line in tail.last(TAIL_LINES)]
     message = (f"vLLM exited with status {status} during start-up, before /health answered on "
                f"port {port}: {reason or 'no error line in its log'}")
     log("vllm_startup_failed", level="error", exit_status=status, port=port, reason=reason,

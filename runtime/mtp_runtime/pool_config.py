@@ -34,6 +34,8 @@ class PoolConfig:
 
     def to_json(self) -> str:
         data = asdict(self)
+        if not data["serve"]["batch_size_schedule"]:  # absent unless set (same hash as before)
+            del data["serve"]["batch_size_schedule"]
         if data["model_cache"] is None:
             del data["model_cache"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))

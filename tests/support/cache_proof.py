@@ -28,7 +28,6 @@ from support.hub_standin import HubStandIn, Request
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_PRODUCT = "NVIDIA-H200"  # what the pool config claims; the engine runs on the CPU
-CPU_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
 HUB_ID = "mtp-test/tiny-mimo-mtp"
 CACHE_MOUNT = "/model-cache"  # the path in a pod; a local folder stands for it here
 
@@ -75,7 +74,7 @@ def pool_config(model: str, k: int, port: int, cache_dir: Path | None, kind: str
                 read_only: bool = False) -> dict:
     config: dict = {
         "serve": {"model": model, "num_speculative_tokens": k, "method": "mtp", "port": port,
-                  "served_model_name": "tiny", "mtp_layers": 1, "extra_args": list(CPU_ARGS)},
+                  "served_model_name": "tiny", "mtp_layers": 1, "extra_args": []},
         "gpu_product": GPU_PRODUCT,
         "k_mode": "fixed",
     }
@@ -101,10 +100,12 @@ def pool_start(
     kind: str = "hostPath",
     model: str = HUB_ID,
     read_only: bool = False,
-    timeout: float = 420.0,
+    timeout: float = 900.0,
     workdir: Path | None = None,
 ) -> Start:
     workdir = Path(tempfile.mkdtemp(prefix=f"pod-{label}-", dir=workdir))
+    # vLLM puts its ZeroMQ sockets in TMPDIR; their paths must stay under 108 characters
+    tmp = Path(tempfile.mkdtemp(prefix="mtp-pod-", dir="/tmp"))
     home = workdir / "home"  # the new container's own file system
     home.mkdir()
     port, exporter_port = free_port(), free_port()
@@ -114,10 +115,10 @@ def pool_start(
            if not k_.startswith(("HF_", "HUGGINGFACE_", "MODELSCOPE_", "VLLM_", "MTP_"))}
     env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), HF_ENDPOINT=hub.endpoint,
                HF_HUB_DISABLE_TELEMETRY="1", MTP_RUNTIME_VLLM=str(vllm),
-               VLLM_TARGET_DEVICE="cpu", PYTHONUNBUFFERED="1", TMPDIR=str(workdir))
+               MTP_RUNTIME_DEVICE="cpu", PYTHONUNBUFFERED="1", TMPDIR=str(tmp))
     before = len(hub.snapshot())
     cmd = [sys.executable, "-m", "mtp_runtime.cli", "serve", "--config", str(config_path),
-           "--assume-gpu", GPU_PRODUCT, "--exporter-host", "127.0.0.1",
+           "--exporter-host", "127.0.0.1",
            "--exporter-port", str(exporter_port), "--scrape-interval", "1"]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=subprocess.DEVNULL,
@@ -172,6 +173,7 @@ def pool_start(
                 proc.wait()
         reader.join(timeout=5)
         shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     done = next(e for e in events if e["event"] == "model_loaded")
     requests = hub.snapshot()[before:]
     return Start(

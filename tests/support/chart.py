@@ -27,7 +27,7 @@ CLUSTER_RULES: frozenset[tuple[str, str, str]] = frozenset(
     + [("apps", "deployments", v) for v in ("list", "watch", "create", "patch", "delete")]
     + [("", "services", v) for v in ("list", "watch", "create", "patch")]
     + [("", "nodes", v) for v in ("list", "watch")]
-    + [("", "pods", v) for v in ("list", "watch")]
+    + [("", "pods", v) for v in ("list", "watch", "create", "patch", "delete")]
     + [("", "persistentvolumeclaims", v) for v in ("list", "watch")]
     + [("", "events", "create")]
 )

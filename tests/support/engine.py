@@ -125,6 +125,7 @@ class RealEngine:
         self.log_path = log_path or Path(self._tmp.name) / "engine.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s: float | None = None
+        self._t0 = time.monotonic()
 
     @property
     def url(self) -> str:
@@ -170,15 +171,17 @@ class RealEngine:
     def start(self, wait: bool = True) -> RealEngine:
         argv, env = self.command()
         self._log = open(self.log_path, "wb")
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=REPO)
         if wait:
-            self.wait_ready(t0)
+            self.wait_ready()
         return self
 
-    def wait_ready(self, t0: float | None = None) -> float:
-        t0 = time.monotonic() if t0 is None else t0
+    def wait_ready(self) -> float:
+        """Until /health answers 200; returns (and keeps in `started_s`) the seconds since
+        start()."""
+        t0 = self._t0
         deadline = t0 + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -194,6 +197,20 @@ class RealEngine:
         self.stop()
         raise EngineStartError(f"engine not healthy after {self.start_timeout:.0f} s; log "
                                f"tail:\n{self.log_tail()}")
+
+    def wait_exporter(self, timeout: float = 120.0) -> None:
+        """Until the runtime's exporter has scraped vLLM once (`mtp_runtime_vllm_up 1`)."""
+        assert self.exporter_url, "this engine runs without the exporter"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                status, text = http_get(self.exporter_url, timeout=5)
+                if status == 200 and "\nmtp_runtime_vllm_up 1.0" in text:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise EngineStartError(f"the exporter did not scrape vLLM within {timeout:.0f} s")
 
     def stop(self) -> int | None:
         """SIGTERM (to the runtime, which forwards it; or to vllm), then SIGKILL the group."""
@@ -229,6 +246,27 @@ class RealEngine:
 
     def log_tail(self, n: int = 30) -> str:
         return "\n".join(self.log_text().splitlines()[-n:])
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by the engine's live processes (the runtime,
+        vLLM's API server, its engine core: the process and all its descendants): on a shared
+        machine a steadier measure of work than wall time."""
+        if self.proc is None:
+            return 0.0
+        stats: dict[int, tuple[int, int]] = {}  # pid -> (ppid, utime + stime)
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                stats[int(stat.parent.name)] = (int(fields[1]),
+                                                int(fields[11]) + int(fields[12]))
+            except (OSError, IndexError, ValueError):
+                continue
+        family, grew = {self.proc.pid}, True
+        while grew:
+            new = {pid for pid, (ppid, _) in stats.items() if ppid in family} - family
+            family |= new
+            grew = bool(new)
+        return sum(stats[p][1] for p in family if p in stats) / os.sysconf("SC_CLK_TCK")
 
     def metrics(self) -> str:
         status, text = http_get(self.metrics_url)

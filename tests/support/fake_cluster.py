@@ -136,6 +136,11 @@ class FakeKube:
         self.calls.append(("delete_deployment", name))
         self.objects.pop(("Deployment", namespace, name), None)
 
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        self._maybe_fail("delete_pod")
+        self.calls.append(("delete_pod", name))
+        self.objects.pop(("Pod", namespace, name), None)
+
     async def patch_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any]:
@@ -227,6 +232,8 @@ class FakeView:
             key = (namespace, owner)
             if kind == "Service":
                 self.services.add(key)
+                continue
+            if kind == "Pod":  # a tuning canary: its pod IP goes into `pods` by the test
                 continue
             want = obj["spec"].get("replicas", 1)
             obj["status"] = {

@@ -1,7 +1,7 @@
 """Stand-ins for the vLLM servers of an operator's pool pods in the sandbox.
 
-kwok runs no containers, but gives pods IPs on loopback (127.64.0.0/16). `PoolFakes` follows
-the pool pods of one namespace (labels `mtp-operator.io/mtpinference`,
+kwok runs no containers, but gives pods IPs on loopback (a /16 of 127.64.0.0/10).
+`PoolFakes` follows the pool pods of one namespace (labels `mtp-operator.io/mtpinference`,
 `mtp-operator.io/gpu-product`, Ready, with a pod IP) and keeps one `FakeVLLM` (vLLM 0.33.0's
 exact /metrics) bound on each pod's IP at port 8000, with the pod's own K (read from its
 `MTP_RUNTIME_CONFIG`): when a pool rolls to a new K, kwok replaces the pod, the old fake stops
@@ -38,7 +38,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,7 +131,8 @@ class PoolFakes:
         with self._lock:
             self.acceptance[key] = p
 
-    def set_rate(self, key: Key, drafts_per_second: float) -> None:
+    def set_rate(self, key: Key, drafts_per_second: float | Callable[[int], float]) -> None:
+        """Drafts per second of each fake of the pool, or a function of the fake's K."""
         with self._lock:
             self.rates[key] = drafts_per_second
 
@@ -253,6 +254,8 @@ class PoolFakes:
                     if s.k <= 0:
                         continue
                     rate = self._lookup(self.rates, s.resource, s.product, self.default_rate)
+                    if callable(rate):  # a rate per K (a step cost): set_rate(key, f)
+                        rate = rate(s.k)
                     p = self._lookup(
                         self.acceptance, s.resource, s.product, self.default_acceptance
                     )

@@ -62,6 +62,7 @@ def test_printer_columns() -> None:
     assert [(c["name"], c["type"], c["jsonPath"]) for c in cols] == [
         ("Model", "string", ".spec.model"),
         ("Pools", "string", ".status.poolsSummary"),
+        ("Recommended", "string", ".status.tuningSummary"),
         ("Ready", "string", ".status.ready"),
         ("Phase", "string", ".status.phase"),
         ("Age", "date", ".metadata.creationTimestamp"),
@@ -201,7 +202,17 @@ def test_bounds_and_enums() -> None:
         "cap",
         "rollback",
         "off",
+        "tuned",
     ]
+    tuning = spec["tuning"]["properties"]
+    assert tuning["mode"]["enum"] == ["Off", "Recommend", "Auto"]
+    assert tuning["mode"]["default"] == "Off" and spec["tuning"]["default"] == {}
+    assert tuning["minGain"]["default"] == 0.05
+    assert (tuning["minGain"]["minimum"], tuning["minGain"]["maximum"]) == (0, 1)
+    assert tuning["candidates"]["items"]["minimum"] == 0
+    assert tuning["candidates"]["x-kubernetes-list-type"] == "set"
+    assert tuning["observationSeconds"]["minimum"] == 5
+    assert tuning["maxTrialsPerDay"]["minimum"] == 0
 
 
 def test_int_or_string_fields() -> None:
@@ -250,8 +261,11 @@ def _rules(schema: dict[str, Any]) -> list[dict[str, str]]:
 
 def test_cel_rules_are_where_they_belong() -> None:
     spec_rules = _rules(SPEC)
-    assert spec_rules == api.SPEC_CEL_RULES and len(spec_rules) == 2
-    cap, depth = spec_rules
+    assert spec_rules == api.SPEC_CEL_RULES and len(spec_rules) == 3
+    cap, depth, candidates = spec_rules
+    assert candidates["fieldPath"] == ".speculative.tuning.candidates"
+    assert "candidates.all(k, k <= self.speculative.maxSpeculativeTokens)" in candidates["rule"]
+    spec_rules = [cap, depth]
     assert "maxSpeculativeTokens" in cap["rule"] and "maxSpeculativeTokens" in cap["message"]
     assert "mtpLayers" in depth["rule"] and "% self.speculative.mtpLayers" in depth["rule"]
     for rule in spec_rules:

@@ -179,3 +179,17 @@ def test_engine_dying_at_start_up_gives_one_line_and_its_log(tmp_path: Path) -> 
     assert launch["argv"][-5:] == ["--gpu-memory-utilization", "0.05", "--enforce-eager",
                                    "--host", "127.0.0.1"]
     assert launch["env"]["VLLM_TARGET_DEVICE"] == "cpu"
+
+
+def test_draft_attention_backend_is_added_to_the_speculative_config_only() -> None:
+    argv = ["vllm", "serve", "m", "--speculative-config",
+            '{"method":"mtp","num_speculative_tokens":4}', "--seed", "0"]
+    out = engine.with_draft_attention_backend(
+        argv, {engine.DRAFT_ATTENTION_ENV: "TRITON_ATTN"})
+    assert json.loads(out[4]) == {"method": "mtp", "num_speculative_tokens": 4,
+                                  "attention_backend": "TRITON_ATTN"}
+    assert out[:4] + out[5:] == argv[:4] + argv[5:]
+    assert engine.with_draft_attention_backend(argv, {}) == argv
+    no_spec = ["vllm", "serve", "m", "--seed", "0"]
+    assert engine.with_draft_attention_backend(
+        no_spec, {engine.DRAFT_ATTENTION_ENV: "TRITON_ATTN"}) == no_spec

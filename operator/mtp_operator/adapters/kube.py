@@ -17,7 +17,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Event
+from lightkube.resources.core_v1 import Event, Pod
 from lightkube.types import PatchType
 
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
@@ -83,6 +83,13 @@ class KubeClient:
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
             await self.client.delete(Deployment, name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            await self.client.delete(Pod, name, namespace=namespace)
         except ApiError as err:
             if err.status.code != 404:
                 raise

@@ -236,6 +236,8 @@ def _spec_schema() -> dict[str, Any]:
     ]
     props["maxModelLen"]["x-kubernetes-validations"] = _INT_OR_STRING_RULES["maxModelLen"]
     spec_props["profiles"]["x-kubernetes-validations"] = _SPEC_RULES["profiles"]
+    spec_props["tuning"]["default"] = {}
+    spec_props["tuning"]["properties"]["candidates"]["x-kubernetes-list-type"] = "set"
     props["extraArgs"]["x-kubernetes-validations"] = _SPEC_RULES["extraArgs"]
     cache = props["modelCache"]
     cache["x-kubernetes-validations"] = api.MODEL_CACHE_CEL
@@ -265,6 +267,12 @@ PRINTER_COLUMNS = [
         "type": "string",
         "jsonPath": ".status.poolsSummary",
         "description": "GPU pools with their number of speculative tokens",
+    },
+    {
+        "name": "Recommended",
+        "type": "string",
+        "jsonPath": ".status.tuningSummary",
+        "description": "The K tuning recommends per pool (Pools shows the K running)",
     },
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},

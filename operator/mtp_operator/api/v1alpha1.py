@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from mtp_operator.api.tuning import TUNING_CEL, BatchSizeRange, PoolTuningStatus, TuningSpec
 from mtp_runtime.gpu_profiles import PoolSource
 from mtp_runtime.pool_config import ENV_VAR
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
@@ -89,6 +90,17 @@ class SpeculativeSpec(_Model):
         le=MAX_MTP_LAYERS,
         description="The model's MTP depth (n_predict). vLLM rejects K above it unless K is a "
         "multiple of it; profile values are lowered to fit.",
+    )
+    batch_size_schedule: list[BatchSizeRange] | None = Field(
+        None,
+        max_length=64,
+        description="K per batch size (vLLM's num_speculative_tokens_per_batch_size): vLLM "
+        "picks each engine step's K by how many requests run; ranges sorted, not overlapping, "
+        "the first from batch size 1; each K capped at the pool's K.",
+    )
+    tuning: TuningSpec = Field(
+        default_factory=TuningSpec,  # type: ignore[arg-type]
+        description="Measured K: find each pool's K with the most output tokens per second.",
     )
 
 
@@ -358,6 +370,9 @@ class PoolStatus(_Model):
     product_gone_since: str | None = Field(
         None, description="When no node carried this pool's GPU product any more."
     )
+    tuning: PoolTuningStatus | None = Field(
+        None, description="Measured K (spec.speculative.tuning)."
+    )
 
 
 class RollbackRecord(_Model):
@@ -379,6 +394,9 @@ class MTPInferenceStatus(_Model):
     pools: list[PoolStatus] = Field(default_factory=list)
     rollbacks: list[RollbackRecord] = Field(default_factory=list)
     pools_summary: str | None = Field(None, description="Pools with their K, e.g. `H100:6 A100:4`.")
+    tuning_summary: str | None = Field(
+        None, description="Pools with the K tuning recommends, e.g. `H100:4 A100:4`."
+    )
     ready: str | None = Field(None, description="Ready replicas over desired, over all pools.")
     rollback_reset_token: str | None = Field(
         None, description="The last `mtp-operator.io/reset-rollback` annotation value acted on."
@@ -399,4 +417,4 @@ class MTPInference(_Model):
     status: MTPInferenceStatus | None = None
 
 
-SPEC_CEL_RULES = _CEL_SPEC
+SPEC_CEL_RULES = _CEL_SPEC + TUNING_CEL

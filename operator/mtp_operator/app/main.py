@@ -29,6 +29,7 @@ from mtp_operator.control.leader import LeaderElector
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.control.rollback import RollbackActions
 from mtp_operator.control.supervision import Health, run_with_crd, supervise
+from mtp_operator.control.tuner import run_tuner
 from mtp_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,10 @@ async def run(opts: RunOptions) -> int:
             interval = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
             evaluate = functools.partial(run_evaluator, actions, interval)
             tasks.append(asyncio.create_task(supervise("evaluator", evaluate, health)))
+        # measured K (spec.speculative.tuning): idle unless a resource turns it on
+        scrape_every = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
+        tune = functools.partial(run_tuner, reconciler, view, kube, scrape_every)
+        tasks.append(asyncio.create_task(supervise("tuner", tune, health)))
         resync = functools.partial(
             handlers.resync_loop, reconciler, view, handlers.RESYNC_SECONDS
         )

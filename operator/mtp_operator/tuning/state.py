@@ -1,0 +1,203 @@
+"""A pool's tuning state as kept in `status.pools[].tuning`, and back. Pure.
+
+Status is the store (a restarted operator keeps the tuned K, the trial running and the trial
+history); the measured table is in memory only and is measured again after a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from mtp_operator.api.tuning import (
+    MAX_TRIAL_HISTORY,
+    MAX_TUNING_ROWS,
+    PoolTuningStatus,
+    TuningTrial,
+)
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
+from mtp_operator.planning import PlanError, PoolPlan, plan_pool
+from mtp_operator.timestamps import format_time, parse_time
+
+from .decision import Decision, Guard, Trial
+from .estimator import CostFit, Measurement
+
+
+def carried(
+    previous: MTPInferenceStatus, spec: MTPInferenceSpec | None, generation: int | None
+) -> dict[str, PoolTuningStatus]:
+    """The tuning entries a reconcile pass keeps, by GPU product: none when tuning is off, and
+    none from another spec generation (a new generation starts tuning over from the spec)."""
+    if spec is None or spec.speculative.tuning.mode == "Off":
+        return {}
+    return {
+        p.gpu_product: p.tuning
+        for p in previous.pools
+        if p.tuning is not None and p.tuning.generation == generation
+    }
+
+
+def with_tuning(
+    status: MTPInferenceStatus, updates: Mapping[str, PoolTuningStatus]
+) -> MTPInferenceStatus:
+    """`status` with the tuner's new entries in their pools (pools it does not list: left)."""
+    if not updates:
+        return status
+    pools = [
+        p.model_copy(update={"tuning": updates[p.gpu_product]})
+        if p.gpu_product in updates else p
+        for p in status.pools
+    ]
+    return status.model_copy(update={"pools": pools})
+
+
+def trial_from(raw: TuningTrial | None) -> Trial | None:
+    started = parse_time(raw.started) if raw is not None else None
+    if raw is None or started is None:
+        return None
+    return Trial(raw.k, raw.from_k, started, raw.kind, parse_time(raw.ended), raw.outcome,
+                 raw.reason)
+
+
+def trial_status(t: Trial) -> TuningTrial:
+    return TuningTrial(
+        k=t.k, from_k=t.from_k, kind=t.kind, started=format_time(t.started),
+        ended=format_time(t.ended) if t.ended is not None else None, outcome=t.outcome,
+        reason=t.reason,
+    )
+
+
+def planned_k(tuning: PoolTuningStatus | None) -> int | None:
+    """The K tuning wants the whole pool at: a whole-pool trial's K, else the adopted K."""
+    if tuning is None:
+        return None
+    if tuning.trial is not None and tuning.trial.kind == "pool":
+        return tuning.trial.k
+    return tuning.tuned_k
+
+
+def canary_k(tuning: PoolTuningStatus | None) -> int | None:
+    """The K of a canary trial running now, if any."""
+    trial = tuning.trial if tuning is not None else None
+    return trial.k if trial is not None and trial.kind == "canary" else None
+
+
+def canary_plans(
+    spec: MTPInferenceSpec,
+    plans: Sequence[PoolPlan],
+    tuning: Mapping[str, PoolTuningStatus],
+    rollback_k: Callable[[str], int | None],
+    cluster_profiles: Mapping[str, int] | None,
+) -> dict[str, PoolPlan]:
+    """Pools running a canary trial now (2+ replicas) → the canary replica's plan."""
+    out: dict[str, PoolPlan] = {}
+    if spec.replicas < 2:
+        return out
+    for plan in plans:
+        k = canary_k(tuning.get(plan.gpu_product))
+        if k is None or k == plan.k:
+            continue
+        try:
+            out[plan.gpu_product] = plan_pool(
+                spec, plan.gpu_product, cluster_profiles, rollback_k(plan.gpu_product), k
+            )
+        except PlanError:
+            continue
+    return out
+
+
+def guard_from(pool: PoolStatus, cooldown_seconds: float, now: datetime,
+               alert_window: float) -> Guard:
+    """Rollback's view of the pool from its status fields."""
+    last_rb = parse_time(pool.last_rollback_time)
+    last_alert = parse_time(pool.last_alert_time)
+    return Guard(
+        alert_firing=last_alert is not None
+        and now - last_alert < timedelta(seconds=alert_window),
+        rollback_pinned=pool.rollback_k is not None,
+        cooldown_until=last_rb + timedelta(seconds=cooldown_seconds) if last_rb else None,
+    )
+
+
+def _measured(m: Measurement) -> dict[str, Any]:
+    from datetime import UTC
+
+    row: dict[str, Any] = {
+        "k": m.k,
+        "outputTokensPerSecond": round(m.output_tps, 3),
+        "acceptance": [round(a, 4) for a in m.acceptance],
+        "tokensPerStep": round(m.tokens_per_step, 4),
+        "windowSeconds": round(m.seconds, 1),
+        "windowEnd": format_time(datetime.fromtimestamp(m.end, UTC)),
+        "replicas": m.replicas,
+    }
+    if m.concurrency is not None:
+        row["concurrency"] = round(m.concurrency, 3)
+    return row
+
+
+def _fit(fit: CostFit) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "model": fit.describe(),
+        "baseSeconds": fit.alpha,
+        "perTokenSeconds": fit.beta,
+        "windows": fit.points,
+        "ks": list(fit.ks),
+        "rmseSeconds": fit.rmse,
+    }
+    if fit.alpha_se is not None:
+        out["baseSecondsError"] = fit.alpha_se
+    if fit.beta_se is not None:
+        out["perTokenSecondsError"] = fit.beta_se
+    return out
+
+
+def published(
+    mode: str,
+    decision: Decision,
+    table: Sequence[Measurement],
+    trial: Trial | None,
+    history: Sequence[Trial],
+    tuned_k: int | None,
+    generation: int | None,
+    now: datetime,
+    schedule: Sequence[tuple[int, int, int]] | None = None,
+) -> PoolTuningStatus:
+    """status.pools[].tuning for one pool."""
+    rows = sorted(table, key=lambda m: m.end)[-MAX_TUNING_ROWS:]
+    ests = []
+    for e in decision.estimates[:MAX_TUNING_ROWS]:
+        row: dict[str, Any] = {"k": e.k, "basis": e.basis, "detail": e.detail}
+        if e.output_tps is not None:
+            row["outputTokensPerSecond"] = round(e.output_tps, 3)
+        if e.uncertainty is not None:
+            row["uncertainty"] = round(e.uncertainty, 3)
+        if e.tokens_per_step is not None:
+            row["tokensPerStep"] = round(e.tokens_per_step, 4)
+        ests.append(row)
+    out: dict[str, Any] = {
+        "mode": mode,
+        "reason": decision.reason,
+        "measured": [_measured(m) for m in rows],
+        "estimates": ests,
+        "trials": [trial_status(t) for t in history[-MAX_TRIAL_HISTORY:]],
+        "generation": generation,
+        "updated": format_time(now),
+    }
+    if decision.recommended_k is not None:
+        out["recommendedK"] = decision.recommended_k
+    if decision.fit is not None:
+        out["stepCost"] = _fit(decision.fit)
+    if schedule:
+        out["recommendedSchedule"] = [
+            {"minBatchSize": a, "maxBatchSize": b, "numSpeculativeTokens": k}
+            for a, b, k in schedule
+        ]
+    if trial is not None:
+        out["trial"] = trial_status(trial)
+    if tuned_k is not None:
+        out["tunedK"] = tuned_k
+    if generation is None:
+        out.pop("generation")
+    return PoolTuningStatus.model_validate(out)

