@@ -1,7 +1,7 @@
 """Stand-ins for the vLLM servers of an operator's pool pods in the sandbox.
 
-kwok runs no containers, but gives pods IPs on loopback (127.64.0.0/16). `PoolFakes` follows
-the pool pods of one namespace (labels `mtp-operator.io/mtpinference`,
+kwok runs no containers, but gives pods IPs on loopback (a /16 of 127.64.0.0/10).
+`PoolFakes` follows the pool pods of one namespace (labels `mtp-operator.io/mtpinference`,
 `mtp-operator.io/gpu-product`, Ready, with a pod IP) and keeps one `FakeVLLM` (vLLM 0.33.0's
 exact /metrics) bound on each pod's IP at port 8000, with the pod's own K (read from its
 `MTP_RUNTIME_CONFIG`): when a pool rolls to a new K, kwok replaces the pod, the old fake stops

@@ -19,7 +19,6 @@ from sandbox_lib.common import (
     BUILD_SH,
     COMPONENTS,
     NODES_YAML,
-    POD_CIDR,
     REPO,
     _log,
 )
@@ -61,11 +60,10 @@ class SandboxBase:
     @property
     def pod_cidr(self) -> str:
         """Pod IPs on loopback, a /16 of 127.64.0.0/10 chosen by the state dir, so two
-        sandboxes (a test's private one, another checkout's) never hand out the same IP."""
-        if self.state_dir.resolve() == (REPO / ".sandbox").resolve():
-            return POD_CIDR
+        sandboxes (a test's private one, another checkout's default one on the same machine)
+        never hand out the same IP, and their fake pods' servers never collide."""
         digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).digest()
-        return f"127.{65 + digest[0] % 63}.0.0/16"
+        return f"127.{64 + digest[0] % 64}.0.0/16"
 
     @property
     def audit_log(self) -> Path:

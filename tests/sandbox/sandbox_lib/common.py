@@ -23,9 +23,10 @@ COMPONENTS: tuple[str, ...] = (
     "kwok",
 )
 SERVICE_CIDR = "10.96.0.0/16"
-#: kwok gives pods IPs from this range; it is loopback, so a test can serve a fake pod's
-#: /metrics on the pod's IP (Linux routes all of 127.0.0.0/8 to lo).
-POD_CIDR = "127.64.0.0/16"
+#: kwok gives pods IPs from a /16 of this range (Sandbox.pod_cidr, chosen by the state dir);
+#: it is loopback, so a test can serve a fake pod's /metrics on the pod's IP (Linux routes
+#: all of 127.0.0.0/8 to lo).
+POD_RANGE = "127.64.0.0/10"
 NODE_IP = "127.0.0.1"
 KWOK_STAGES = (
     "node/fast/node-initialize.yaml",

@@ -62,7 +62,7 @@ class _Server:
 class MetricsServer(_Server):
     """Serves `text` (Prometheus exposition format) at /metrics; set `.text` to change it.
 
-    `host` may be any loopback address, e.g. a kwok pod IP from 127.64.0.0/16."""
+    `host` may be any loopback address, e.g. a kwok pod IP (Sandbox.pod_cidr)."""
 
     def __init__(self, text: str = "", *, host: str = "127.0.0.1", port: int | None = None) -> None:
         self.text = text
