@@ -8,6 +8,8 @@ KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+# bumped when a binary's build flags change, so a warm cache from older flags is rebuilt
+HELM_BUILD="${HELM_VERSION}-kv"
 CACHE="${MTP_SANDBOX_CACHE:-$HOME/.cache/mtp-operator/sandbox}"
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
 
@@ -86,12 +88,23 @@ build_kwok() {
   mkdir -p "$out/stages" && cp -r "$src"/. "$out/stages/" && chmod -R u+w "$out/stages"
 }
 
-build_helm() {
-  local out=$1 version=$2 mod; mod=$(mktemp -d)
+# Like Helm's own Makefile: the Kubernetes version a client-only `helm template` assumes
+# (.Capabilities.KubeVersion, checked against a chart's kubeVersion) is client-go's minor + 1.x
+# from Helm's go.mod (client-go v0.37.0 -> v1.37.0), set by ldflags; without them it is v1.20.
+build_helm() {  # $2 is the cache key HELM_BUILD; the module version is HELM_VERSION
+  local out=$1 version=$HELM_VERSION mod; mod=$(mktemp -d)
   local major=${version#v}; major=${major%%.*}
-  printf 'module mtp-operator.io/sandbox/helm\n\ngo 1.26.0\n\ntool helm.sh/helm/v%s/cmd/helm\n' "$major" > "$mod/go.mod"
-  (cd "$mod" && go get "helm.sh/helm/v$major@$version" >&2 && go mod tidy >&2 &&
-     go build -trimpath -ldflags "-s -w -X helm.sh/helm/v$major/internal/version.version=$version" -o "$out/helm" "helm.sh/helm/v$major/cmd/helm")
+  local pkg="helm.sh/helm/v$major"
+  printf 'module mtp-operator.io/sandbox/helm\n\ngo 1.26.0\n\ntool %s/cmd/helm\n' "$pkg" > "$mod/go.mod"
+  (cd "$mod" && go get "$pkg@$version" >&2 && go mod tidy >&2)
+  local cg; cg=$(cd "$mod" && go list -m -f '{{.Version}}' k8s.io/client-go)  # v0.37.0
+  cg=${cg#v}; local kmajor=$(( ${cg%%.*} + 1 )) kminor=${cg#*.}; kminor=${kminor%%.*}
+  local ld="-s -w -X $pkg/internal/version.version=$version -X $pkg/internal/version.metadata="
+  ld+=" -X $pkg/internal/version.gitTreeState=clean"
+  for p in "$pkg/pkg/lint/rules" "$pkg/pkg/chartutil"; do
+    ld+=" -X $p.k8sVersionMajor=$kmajor -X $p.k8sVersionMinor=$kminor"
+  done
+  (cd "$mod" && go build -trimpath -ldflags "$ld" -o "$out/helm" "$pkg/cmd/helm")
   rm -rf "$mod"
 }
 
@@ -109,7 +122,7 @@ trap on_exit EXIT
 all_cached() {
   complete "$CACHE/bin/etcd-$ETCD_VERSION" etcd &&
     complete "$CACHE/bin/kwok-$KWOK_VERSION" kwok stages &&
-    complete "$CACHE/bin/helm-$HELM_VERSION" helm &&
+    complete "$CACHE/bin/helm-$HELM_BUILD" helm &&
     complete "$CACHE/bin/kube-apiserver-$KUBE_VERSION" "${KUBE_BINS[@]}"
 }
 if ! all_cached; then
@@ -119,14 +132,14 @@ fi
 total=$SECONDS
 build_cached etcd "$ETCD_VERSION" build_etcd etcd
 build_cached kwok "$KWOK_VERSION" build_kwok kwok stages
-build_cached helm "$HELM_VERSION" build_helm helm
+build_cached helm "$HELM_BUILD" build_helm helm
 build_cached kube-apiserver "$KUBE_VERSION" build_kube "${KUBE_BINS[@]}"
 # one directory of links, so callers need a single PATH entry
 mkdir -p "$CACHE/current"
 ln -sfn "$CACHE/bin/etcd-$ETCD_VERSION/etcd" "$CACHE/current/etcd"
 ln -sfn "$CACHE/bin/kwok-$KWOK_VERSION/kwok" "$CACHE/current/kwok"
 ln -sfn "$CACHE/bin/kwok-$KWOK_VERSION/stages" "$CACHE/current/kwok-stages"
-ln -sfn "$CACHE/bin/helm-$HELM_VERSION/helm" "$CACHE/current/helm"
+ln -sfn "$CACHE/bin/helm-$HELM_BUILD/helm" "$CACHE/current/helm"
 for c in "${KUBE_BINS[@]}"; do
   ln -sfn "$CACHE/bin/kube-apiserver-$KUBE_VERSION/$c" "$CACHE/current/$c"
 done
