@@ -10,13 +10,14 @@ STAMP  := $(VENV)/.installed-stamp
 # importlib mode: test files in different folders may share a basename (test_examples.py)
 PYTEST := $(PY) -m pytest
 
-.PHONY: help install build-sandbox monitoring sandbox sandbox-down sandbox-status test test-unit \
-        lint crds demo bench
+.PHONY: help install build-sandbox monitoring install-tools images sandbox sandbox-down \
+        sandbox-status test test-unit lint crds demo bench
 
 help:
 	@echo "make install        .venv with mtp-operator[dev] (editable)"
 	@echo "make sandbox        local control plane + kwok GPU nodes; last line KUBECONFIG=..."
 	@echo "make sandbox-down   stop the sandbox"
+	@echo "make images         operator + CPU runtime images with buildah (local Debian base)"
 	@echo "make test           install everything (Python, Go builds, Prometheus) and run all tests"
 	@echo "make test-unit      unit tests only (no sandbox)"
 	@echo "make lint           ruff"
@@ -37,6 +38,13 @@ build-sandbox:
 monitoring:
 	@bash tests/sandbox/install_monitoring.sh
 
+# podman, buildah, runc, debootstrap, containerd from Debian (images and the real node)
+install-tools:
+	@bash tests/images/install_tools.sh
+
+images: install-tools
+	@bash tests/images/build.sh
+
 sandbox: install build-sandbox
 	@$(PY) tests/sandbox/sandbox.py up
 
@@ -46,7 +54,7 @@ sandbox-down:
 sandbox-status:
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tests/sandbox/sandbox.py status
 
-test: install build-sandbox monitoring
+test: install build-sandbox monitoring install-tools
 	$(PYTEST) $(PYTEST_ARGS)
 
 test-unit: install

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the sandbox's binaries from Go modules and caches them outside the clone, keyed by
-# version: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes),
-# etcd, kwok and helm. A warm run only checks the cache and returns in well under a second.
+# version: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet
+# (k8s.io/kubernetes), etcd, kwok and helm. A warm run only checks the cache and returns in well under a second.
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
@@ -19,6 +19,8 @@ log() { printf '[sandbox-build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 # kube-apiserver-<version> although it holds kube-apiserver, kube-controller-manager,
 # kube-scheduler and kubectl.
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# kubelet (the sandbox's one real node, tests/sandbox/realnode.py) has its own cache directory
+# kubelet-<version>, so adding it did not invalidate caches of the others.
 
 complete() {  # complete DIR FILE...: every FILE is an executable (or a directory) in DIR
   local dir=$1 f; shift
@@ -29,6 +31,7 @@ complete() {  # complete DIR FILE...: every FILE is an executable (or a director
 # already holds every FILE; the result is moved into place only when FUNC succeeded.
 build_cached() {
   local name=$1 version=$2 fn=$3 out="$CACHE/bin/$1-$2"; shift 3
+  local files=("$@")
   if complete "$out" "$@"; then return 0; fi
   command -v go >/dev/null || { log "ERROR: go not found on PATH (Go >= 1.26 needed)"; exit 1; }
   local tmp; tmp=$(mktemp -d "$CACHE/tmp.XXXXXX")
@@ -38,22 +41,25 @@ build_cached() {
   # a heartbeat, since compiling kube-apiserver prints nothing for minutes
   ( while sleep 30; do log "  ... still building $name ($((SECONDS - start)) s)"; done ) &
   BEAT=$! BUILDING="$name $version"
-  "$fn" "$tmp" "$version"  # not in an `if`: errexit must stay in force inside the function
+  "$fn" "$tmp" "$version" "${files[@]}"  # not in an `if`: errexit must stay in force inside
   kill "$BEAT" 2>/dev/null; wait "$BEAT" 2>/dev/null || true
   BEAT="" BUILDING=""
   chmod 755 "$tmp" && rm -rf "$out" && mkdir -p "$(dirname "$out")" && mv "$tmp" "$out"
   log "built $name $version in $((SECONDS - start)) s -> $out"
 }
 
-build_kube() {  # the wrapper module replaces every staging module k8s.io/kubernetes pins at v0.0.0
-  local out=$1 version=$2 mod; mod=$(mktemp -d)
+# build_kube OUT VERSION CMD...: the wrapper module replaces every staging module
+# k8s.io/kubernetes pins at v0.0.0
+build_kube() {
+  local out=$1 version=$2 mod; mod=$(mktemp -d); shift 2
+  local cmds=("$@")
   local staging="v0.${version#v1.}"
   local kmod; kmod=$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
   {
     echo "module mtp-operator.io/sandbox/kube"; echo; echo "go 1.26.0"; echo
     echo "require k8s.io/kubernetes $version"; echo
     echo "tool ("
-    for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do echo "	k8s.io/kubernetes/cmd/$c"; done
+    for c in "${cmds[@]}"; do echo "	k8s.io/kubernetes/cmd/$c"; done
     echo ")"; echo; echo "replace ("
     grep -E '^\s+k8s\.io/[a-z0-9-]+ v0\.0\.0$' "$kmod" | awk -v v="$staging" '{print "\t" $1 " => " $1 " " v}'
     echo ")"
@@ -65,7 +71,7 @@ build_kube() {  # the wrapper module replaces every staging module k8s.io/kubern
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
   (cd "$mod" && log "resolving k8s.io/kubernetes $version modules" && go mod tidy >&2)
-  for c in "${KUBE_BINS[@]}"; do
+  for c in "${cmds[@]}"; do
     log "  compiling $c"
     (cd "$mod" && go build -trimpath -ldflags "$ld" -o "$out/$c" "k8s.io/kubernetes/cmd/$c")
   done
@@ -123,7 +129,8 @@ all_cached() {
   complete "$CACHE/bin/etcd-$ETCD_VERSION" etcd &&
     complete "$CACHE/bin/kwok-$KWOK_VERSION" kwok stages &&
     complete "$CACHE/bin/helm-$HELM_BUILD" helm &&
-    complete "$CACHE/bin/kube-apiserver-$KUBE_VERSION" "${KUBE_BINS[@]}"
+    complete "$CACHE/bin/kube-apiserver-$KUBE_VERSION" "${KUBE_BINS[@]}" &&
+    complete "$CACHE/bin/kubelet-$KUBE_VERSION" kubelet
 }
 if ! all_cached; then
   exec 9>"$CACHE/build.lock"
@@ -134,6 +141,7 @@ build_cached etcd "$ETCD_VERSION" build_etcd etcd
 build_cached kwok "$KWOK_VERSION" build_kwok kwok stages
 build_cached helm "$HELM_BUILD" build_helm helm
 build_cached kube-apiserver "$KUBE_VERSION" build_kube "${KUBE_BINS[@]}"
+build_cached kubelet "$KUBE_VERSION" build_kube kubelet
 # one directory of links, so callers need a single PATH entry
 mkdir -p "$CACHE/current"
 ln -sfn "$CACHE/bin/etcd-$ETCD_VERSION/etcd" "$CACHE/current/etcd"
@@ -143,5 +151,6 @@ ln -sfn "$CACHE/bin/helm-$HELM_BUILD/helm" "$CACHE/current/helm"
 for c in "${KUBE_BINS[@]}"; do
   ln -sfn "$CACHE/bin/kube-apiserver-$KUBE_VERSION/$c" "$CACHE/current/$c"
 done
+ln -sfn "$CACHE/bin/kubelet-$KUBE_VERSION/kubelet" "$CACHE/current/kubelet"
 if (( SECONDS - total > 1 )); then log "all sandbox binaries ready in $((SECONDS - total)) s"; fi
 echo "$CACHE/current"
