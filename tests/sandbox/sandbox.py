@@ -636,7 +636,8 @@ class Sandbox:
                 str(self.bin("kwok")),
                 f"--kubeconfig={kcfg / 'kwok.conf'}",
                 f"--config={d / 'kwok.yaml'}",
-                "--manage-all-nodes=true",
+                # every node but the real one (realnode.py), whose kubelet is real
+                "--manage-nodes-with-label-selector=!mtp-operator.io/real-node",
                 f"--cidr={self.pod_cidr}",
                 f"--node-ip={NODE_IP}",
                 "--node-lease-duration-seconds=40",
@@ -950,6 +951,13 @@ class Sandbox:
     def _down_locked(self, quiet: bool = False) -> None:
         st = self.state()
         errors = []
+        if (self.state_dir / "realnode").exists():  # its pods go while the apiserver still runs
+            from realnode import RealNode
+
+            try:
+                RealNode(self).stop(quiet=quiet)
+            except Exception as e:
+                errors.append(f"real node: {e}")
         for c in reversed(COMPONENTS):
             info = st.get("pids", {}).get(c)
             if info:

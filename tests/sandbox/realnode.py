@@ -1,0 +1,474 @@
+"""One real node beside the sandbox's kwok nodes: kubelet (built by build.sh) with containerd
+and runc from Debian, for tests that must run real containers (the chart's operator pod, a
+runtime pod with real vLLM).
+
+    node = RealNode(sandbox)           # state in <sandbox state>/realnode
+    node.start()                       # registers node `mtp-real-0`, Ready; idempotent
+    node.load_image("localhost/x:tag") # podman's image -> containerd (kept across runs)
+    node.stop()                        # pods, kubelet, containerd, shims, mounts: all gone
+
+The node carries the label `mtp-operator.io/real-node=true` and the taint
+`mtp-operator.io/real-node=true:NoSchedule`, so only pods that tolerate it land there; kwok
+leaves it alone (the sandbox's kwok manages nodes without that label). No CNI: only
+`hostNetwork: true` pods run, on 127.0.0.1 like everything else here. Pause image: a static
+`pause()` program built with gcc and imported (no registry is reachable).
+
+containerd's root (its content store and snapshots) is kept in
+~/.cache/mtp-operator/realnode/<hash of the state dir>/ so a large image is imported once, not
+on every run; its state (sockets, running tasks) and kubelet's root are under the state dir and
+removed by stop(). Needs root (kubelet and containerd do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NODE_NAME = "mtp-real-0"
+LABEL = "mtp-operator.io/real-node"
+TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
+TOLERATION = {"key": LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+NAMESPACE = "k8s.io"  # containerd namespace the CRI plugin uses
+CACHE = Path(os.environ.get("MTP_REALNODE_CACHE", Path.home() / ".cache/mtp-operator/realnode"))
+PAUSE_C = """#include <signal.h>
+#include <unistd.h>
+static void quit(int s) { (void)s; _exit(0); }
+int main(void) {
+  signal(SIGINT, quit); signal(SIGTERM, quit);
+  for (;;) pause();
+}
+"""
+
+
+class RealNodeError(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str], timeout: float = 600, check: bool = True,
+         **kw: Any) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and out.returncode != 0:
+        raise RealNodeError(f"{' '.join(cmd[:4])} ... exited {out.returncode}: "
+                            f"{out.stderr.strip()[-3000:]}")
+    return out
+
+
+def _pids_with(needle: str, names: tuple[str, ...]) -> list[int]:
+    """Live processes whose executable name is in `names` and whose command line has `needle`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0].decode(errors="replace")) in names and any(
+                needle.encode() in a for a in argv):
+            found.append(int(d.name))
+    return found
+
+
+def mounts_under(*roots: Path) -> list[str]:
+    """Mount points at or below any of `roots`, deepest first."""
+    prefixes = [str(r.resolve()) for r in roots]
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if any(point == p or point.startswith(p + "/") for p in prefixes):
+            points.append(point)
+    return sorted(set(points), key=lambda p: -p.count("/"))
+
+
+class RealNode:
+    def __init__(self, sandbox: Any, name: str = NODE_NAME) -> None:
+        self.sb = sandbox
+        self.name = name
+        self.dir = Path(sandbox.state_dir) / "realnode"
+        key = hashlib.sha256(str(Path(sandbox.state_dir).resolve()).encode()).hexdigest()[:12]
+        self.root = CACHE / key / "containerd-root"
+        self.socket = self.dir / "containerd.sock"
+        self.kubelet_root = self.dir / "kubelet"
+        self.pod_logs = self.dir / "pod-logs"
+        self.state_file = self.dir / "state.json"
+
+    # -- state ----------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, st: dict[str, Any]) -> None:
+        self.state_file.write_text(json.dumps(st, indent=2))
+
+    def is_running(self) -> bool:
+        pids = self.state().get("pids", {})
+        return bool(pids) and all(Path(f"/proc/{p}").exists() for p in pids.values())
+
+    def log_file(self, component: str) -> Path:
+        return self.dir / f"{component}.log"
+
+    def ctr(self, *args: str, timeout: float = 600,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        return _run(["ctr", "--address", str(self.socket), "-n", NAMESPACE, *args],
+                    timeout=timeout, check=check)
+
+    # -- start ----------------------------------------------------------------------------
+
+    def start(self, timeout: float = 90) -> RealNode:
+        if self.is_running() and self._node_ready():
+            return self
+        if os.geteuid() != 0:
+            raise RealNodeError("the real node needs root (kubelet, containerd)")
+        for tool in ("containerd", "ctr", "runc", "gcc", "podman"):
+            if _run(["sh", "-c", f"command -v {tool}"], check=False).returncode:
+                raise RealNodeError(f"{tool} not found: run tests/images/install_tools.sh")
+        kubelet = self.sb.bin("kubelet")
+        if not Path(kubelet).exists():
+            raise RealNodeError(f"{kubelet} missing: run tests/sandbox/build.sh")
+        self.stop(quiet=True)  # leftovers of a crashed run
+        for d in (self.dir, self.root, self.kubelet_root, self.pod_logs):
+            d.mkdir(parents=True, exist_ok=True)
+        st: dict[str, Any] = {"pids": {}, "ports": {
+            "kubelet": _free_port(), "kubelet-healthz": _free_port()}}
+        self._save(st)
+        st["pids"]["containerd"] = self._spawn("containerd", self._containerd_cmd())
+        self._save(st)
+        self._wait(lambda: self.ctr("version", check=False, timeout=10).returncode == 0,
+                   30, "containerd", "containerd")
+        self._load_pause()
+        self._kubelet_files(st)
+        st["pids"]["kubelet"] = self._spawn("kubelet", self._kubelet_cmd(st))
+        self._save(st)
+        self._wait(self._node_ready, timeout, f"node {self.name} Ready", "kubelet")
+        return self
+
+    def _spawn(self, name: str, cmd: list[str]) -> int:
+        log = open(self.log_file(name), "ab")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        return proc.pid
+
+    def _wait(self, ok: Any, timeout: float, what: str, component: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():
+                return
+            pid = self.state().get("pids", {}).get(component)
+            if pid and not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.5)
+        tail = "\n".join(self.log_file(component).read_text(errors="replace")
+                         .splitlines()[-30:]) if self.log_file(component).exists() else ""
+        raise RealNodeError(f"{what} not within {timeout:.0f} s; {component} log:\n{tail}")
+
+    def _containerd_cmd(self) -> list[str]:
+        pause = self.pause_image()
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        config = f"""version = 2
+root = "{self.root}"
+state = "{self.dir / 'containerd-state'}"
+[grpc]
+  address = "{self.socket}"
+[ttrpc]
+  address = "{self.socket}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[{cri}]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{self.dir / 'cni-bin'}"
+    conf_dir = "{self.dir / 'cni-conf'}"
+"""
+        path = self.dir / "containerd.toml"
+        path.write_text(config)
+        return ["containerd", "--config", str(path), "--log-level", "warn"]
+
+    # -- images ---------------------------------------------------------------------------
+
+    def pause_image(self) -> str:
+        key = hashlib.sha256(PAUSE_C.encode()).hexdigest()[:12]
+        return f"localhost/mtp-pause:{key}"
+
+    def _load_pause(self) -> None:
+        ref = self.pause_image()
+        if self._has_image(ref):
+            return
+        build = CACHE / "pause" / ref.rsplit(":", 1)[1]
+        binary = build / "rootfs" / "pause"
+        if not binary.exists():
+            (build / "rootfs").mkdir(parents=True, exist_ok=True)
+            (build / "pause.c").write_text(PAUSE_C)
+            _run(["gcc", "-static", "-Os", "-s", "-o", str(binary), str(build / "pause.c")])
+        if _run(["podman", "image", "exists", ref], check=False).returncode:
+            tar = subprocess.Popen(["tar", "-C", str(build / "rootfs"), "-c", "."],
+                                   stdout=subprocess.PIPE)
+            _run(["podman", "import", "--change", 'ENTRYPOINT=["/pause"]', "-", ref],
+                 stdin=tar.stdout)
+            tar.wait()
+        self.load_image(ref)
+
+    def _has_image(self, ref: str) -> bool:
+        out = self.ctr("images", "ls", "-q", check=False, timeout=30)
+        return ref in out.stdout.split()
+
+    def load_image(self, ref: str) -> None:
+        """Hands podman's image `ref` to containerd (podman save | ctr import), unless
+        containerd has it already (refs carry a key over their inputs, so same ref = same
+        image)."""
+        if self._has_image(ref):
+            return
+        tmp = self.dir / "image.tar"
+        try:
+            _run(["podman", "save", "--format", "docker-archive", "-o", str(tmp), ref],
+                 timeout=1800)
+            self.ctr("images", "import", str(tmp), timeout=1800)  # unpacked for overlayfs
+        finally:
+            tmp.unlink(missing_ok=True)
+        if not self._has_image(ref):
+            raise RealNodeError(f"containerd did not list {ref} after the import")
+
+    # -- kubelet --------------------------------------------------------------------------
+
+    def _kubelet_files(self, st: dict[str, Any]) -> None:
+        pki = Path(self.sb.pki)
+        _node_cert(pki, self.dir / "kubelet-client", self.name)
+        kubeconfig = {
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "sandbox", "cluster": {
+                "server": self.sb.apiserver_url, "certificate-authority": str(pki / "ca.crt")}}],
+            "users": [{"name": "node", "user": {
+                "client-certificate": str(self.dir / "kubelet-client.crt"),
+                "client-key": str(self.dir / "kubelet-client.key")}}],
+            "contexts": [{"name": "node", "context": {"cluster": "sandbox", "user": "node"}}],
+            "current-context": "node",
+        }
+        (self.dir / "kubelet.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "failCgroupV1": False,  # these machines have cgroup v1 (hybrid)
+            "cgroupDriver": "cgroupfs",
+            "cgroupsPerQOS": False,
+            "enforceNodeAllocatable": [],
+            "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            "address": "127.0.0.1",
+            "port": st["ports"]["kubelet"],
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": st["ports"]["kubelet-healthz"],
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                               "x509": {"clientCAFile": str(pki / "ca.crt")}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "podLogsDir": str(self.pod_logs),
+            "maxPods": 20,
+            "serializeImagePulls": False,
+            # a shared machine: never evict our pods for the host's memory or disk use
+            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "localStorageCapacityIsolation": False,
+            "resolvConf": "/etc/resolv.conf",
+        }
+        (self.dir / "kubelet.yaml").write_text(yaml.safe_dump(config))
+
+    def _kubelet_cmd(self, st: dict[str, Any]) -> list[str]:
+        taint = f"{TAINT['key']}={TAINT['value']}:{TAINT['effect']}"
+        return [
+            str(self.sb.bin("kubelet")),
+            f"--config={self.dir / 'kubelet.yaml'}",
+            f"--kubeconfig={self.dir / 'kubelet.kubeconfig'}",
+            f"--root-dir={self.kubelet_root}",
+            f"--cert-dir={self.dir / 'kubelet-pki'}",
+            f"--hostname-override={self.name}",
+            "--node-ip=127.0.0.1",
+            f"--node-labels={LABEL}=true",
+            f"--register-with-taints={taint}",
+            "--v=1",
+        ]
+
+    def node(self) -> dict[str, Any] | None:
+        try:
+            return self.sb.api("GET", f"/api/v1/nodes/{self.name}")
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    def _node_ready(self) -> bool:
+        node = self.node()
+        return bool(node) and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in node.get("status", {}).get("conditions", []))
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        """The container log files kubelet wrote for `pod` (the sandbox's apiserver has no
+        kubelet client credentials, so `kubectl logs` cannot reach this kubelet)."""
+        text = []
+        for d in sorted(self.pod_logs.glob(f"{namespace}_{pod}_*")):
+            for f in sorted(d.glob(f"{container or '*'}/*.log")):
+                text.append(f.read_text(errors="replace"))
+        return "\n".join(text)
+
+    # -- stop -----------------------------------------------------------------------------
+
+    def stop(self, quiet: bool = False) -> None:
+        """Pods first (through the API, then containerd), then kubelet, containerd, any shim
+        left, every mount under the node's folders; the Node object is deleted. Raises when
+        a process or a mount is left behind."""
+        st = self.state()
+        pids = st.get("pids", {})
+        if pids.get("kubelet") and Path(f"/proc/{pids['kubelet']}").exists():
+            self._delete_pods(timeout=30)
+        self._kill(pids.get("kubelet"), "kubelet")
+        if self.socket.exists() and pids.get("containerd"):
+            self._remove_containers()
+        self._kill(pids.get("containerd"), "containerd")
+        for name in ("containerd", "kubelet"):  # earlier runs, lost state
+            for pid in _pids_with(str(self.dir), (name,)):
+                self._kill(pid, name)
+        for pid in _pids_with(str(self.socket), ("containerd-shim-runc-v2",)):
+            self._kill(pid, "containerd-shim-runc-v2")
+        for point in mounts_under(self.dir, self.root):
+            if subprocess.run(["umount", point], capture_output=True).returncode:
+                subprocess.run(["umount", "-l", point], capture_output=True)
+        for link in Path("/var/log/containers").glob(f"*_{self.name}_*"):
+            link.unlink(missing_ok=True)
+        with contextlib.suppress(Exception):
+            if self.node() is not None:
+                self.sb.api("DELETE", f"/api/v1/nodes/{self.name}")
+        left = self.leftovers()
+        if left:
+            raise RealNodeError(f"left behind after stopping the real node: {left}")
+        if self.dir.exists():
+            subprocess.run(["rm", "-rf", str(self.dir)], check=False)
+        if not quiet:
+            print(f"[realnode] {self.name} stopped", flush=True)
+
+    def leftovers(self) -> dict[str, list[Any]]:
+        procs = (_pids_with(str(self.dir), ("containerd", "kubelet"))
+                 + _pids_with(str(self.socket), ("containerd-shim-runc-v2",)))
+        mounts = mounts_under(self.dir, self.root) if self.dir.exists() or self.root.exists() \
+            else []
+        return {k: v for k, v in (("processes", procs), ("mounts", mounts)) if v}
+
+    def _delete_pods(self, timeout: float) -> None:
+        selector = f"spec.nodeName={self.name}"
+        try:
+            pods = self.sb.api("GET", f"/api/v1/pods?fieldSelector={selector}")["items"]
+        except Exception:
+            return
+        for pod in pods:
+            meta = pod["metadata"]
+            with contextlib.suppress(Exception):
+                self.sb.api("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/"
+                            f"{meta['name']}", {"gracePeriodSeconds": 0})
+        # kubelet stops the containers of pods that are gone from the API
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.ctr("tasks", "ls", "-q", check=False, timeout=20)
+            if out.returncode or not out.stdout.split():
+                return
+            time.sleep(0.5)
+
+    def _remove_containers(self) -> None:
+        for task in self.ctr("tasks", "ls", "-q", check=False, timeout=30).stdout.split():
+            self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False, timeout=30)
+            self.ctr("tasks", "delete", "-f", task, check=False, timeout=30)
+        for c in self.ctr("containers", "ls", "-q", check=False, timeout=30).stdout.split():
+            self.ctr("containers", "rm", c, check=False, timeout=30)
+
+    @staticmethod
+    def _kill(pid: int | None, name: str, timeout: float = 15) -> None:
+        if not pid or not Path(f"/proc/{pid}").exists():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (our own children are reaped here)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+def _node_cert(pki: Path, out: Path, node: str) -> None:
+    """A client certificate for the kubelet: system:node:<name> in group system:nodes (what
+    the Node authorizer and NodeRestriction expect), signed by the sandbox's CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _dt.datetime.now(_dt.UTC) - _dt.timedelta(hours=1)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+                                 x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + _dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    out.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path = out.with_suffix(".key")
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.TraditionalOpenSSL,
+                                           serialization.NoEncryption()))
+    key_path.chmod(0o600)
