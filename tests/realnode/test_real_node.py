@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import yaml
-from realnode import LABEL, TAINT, TOLERATION
 
+from realnode import LABEL, TAINT, TOLERATION
 from support.cluster_fixtures import get_json, wait_for
 from support.images import build
 

@@ -2,10 +2,15 @@
 and runc from Debian, for tests that must run real containers (the chart's operator pod, a
 runtime pod with real vLLM).
 
-    node = RealNode(sandbox)           # state in <sandbox state>/realnode
+    node = RealNode(sandbox)           # state in <sandbox state>/realnode/mtp-real-0
     node.start()                       # registers node `mtp-real-0`, Ready; idempotent
     node.load_image("localhost/x:tag") # podman's image -> containerd (kept across runs)
     node.stop()                        # pods, kubelet, containerd, shims, mounts: all gone
+    RealNode(sandbox, 1)               # a second one, `mtp-real-1` on 127.0.0.2
+    stop_all(sandbox)                  # every real node of this sandbox (sandbox down does it)
+
+Node i has the IP 127.0.0.(i+1): hostNetwork pods share the host's network namespace, so two
+pods on two real nodes can listen on the same port only on their own node's IP.
 
 The node carries the label `mtp-operator.io/real-node=true` and the taint
 `mtp-operator.io/real-node=true:NoSchedule`, so only pods that tolerate it land there; kwok
@@ -36,7 +41,7 @@ from typing import Any
 
 import yaml
 
-NODE_NAME = "mtp-real-0"
+NODE_PREFIX = "mtp-real-"
 LABEL = "mtp-operator.io/real-node"
 TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
 TOLERATION = {"key": LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
@@ -56,9 +61,9 @@ class RealNodeError(RuntimeError):
     pass
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -98,13 +103,30 @@ def mounts_under(*roots: Path) -> list[str]:
     return sorted(set(points), key=lambda p: -p.count("/"))
 
 
+def stop_all(sandbox: Any, quiet: bool = False) -> None:
+    """Stops every real node this sandbox started (their folders under <state>/realnode)."""
+    base = Path(sandbox.state_dir) / "realnode"
+    errors = []
+    for d in sorted(base.glob(f"{NODE_PREFIX}*")) if base.exists() else ():
+        try:
+            RealNode(sandbox, int(d.name[len(NODE_PREFIX):])).stop(quiet=quiet)
+        except (RealNodeError, ValueError, OSError) as e:
+            errors.append(f"{d.name}: {e}")
+    if errors:
+        raise RealNodeError("; ".join(errors))
+    if base.exists() and not any(base.iterdir()):
+        base.rmdir()
+
+
 class RealNode:
-    def __init__(self, sandbox: Any, name: str = NODE_NAME) -> None:
+    def __init__(self, sandbox: Any, index: int = 0) -> None:
         self.sb = sandbox
-        self.name = name
-        self.dir = Path(sandbox.state_dir) / "realnode"
+        self.index = index
+        self.name = f"{NODE_PREFIX}{index}"
+        self.ip = f"127.0.0.{index + 1}"
+        self.dir = Path(sandbox.state_dir) / "realnode" / self.name
         key = hashlib.sha256(str(Path(sandbox.state_dir).resolve()).encode()).hexdigest()[:12]
-        self.root = CACHE / key / "containerd-root"
+        self.root = CACHE / key / self.name / "containerd-root"
         self.socket = self.dir / "containerd.sock"
         self.kubelet_root = self.dir / "kubelet"
         self.pod_logs = self.dir / "pod-logs"
@@ -150,7 +172,7 @@ class RealNode:
         for d in (self.dir, self.root, self.kubelet_root, self.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         st: dict[str, Any] = {"pids": {}, "ports": {
-            "kubelet": _free_port(), "kubelet-healthz": _free_port()}}
+            "kubelet": _free_port(self.ip), "kubelet-healthz": _free_port(self.ip)}}
         self._save(st)
         st["pids"]["containerd"] = self._spawn("containerd", self._containerd_cmd())
         self._save(st)
@@ -200,7 +222,7 @@ state = "{self.dir / 'containerd-state'}"
 [{cri}]
   sandbox_image = "{pause}"
   restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
+  stream_server_address = "{self.ip}"
   stream_server_port = "0"
   enable_selinux = false
   [{cri}.containerd]
@@ -287,10 +309,10 @@ state = "{self.dir / 'containerd-state'}"
             "enforceNodeAllocatable": [],
             "failSwapOn": False,
             "containerRuntimeEndpoint": f"unix://{self.socket}",
-            "address": "127.0.0.1",
+            "address": self.ip,
             "port": st["ports"]["kubelet"],
             "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
+            "healthzBindAddress": self.ip,
             "healthzPort": st["ports"]["kubelet-healthz"],
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
                                "x509": {"clientCAFile": str(pki / "ca.crt")}},
@@ -317,7 +339,7 @@ state = "{self.dir / 'containerd-state'}"
             f"--root-dir={self.kubelet_root}",
             f"--cert-dir={self.dir / 'kubelet-pki'}",
             f"--hostname-override={self.name}",
-            "--node-ip=127.0.0.1",
+            f"--node-ip={self.ip}",
             f"--node-labels={LABEL}=true",
             f"--register-with-taints={taint}",
             "--v=1",

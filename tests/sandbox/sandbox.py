@@ -951,11 +951,11 @@ class Sandbox:
     def _down_locked(self, quiet: bool = False) -> None:
         st = self.state()
         errors = []
-        if (self.state_dir / "realnode").exists():  # its pods go while the apiserver still runs
-            from realnode import RealNode
+        if (self.state_dir / "realnode").exists():  # their pods go while the apiserver runs
+            import realnode
 
             try:
-                RealNode(self).stop(quiet=quiet)
+                realnode.stop_all(self, quiet=quiet)
             except Exception as e:
                 errors.append(f"real node: {e}")
         for c in reversed(COMPONENTS):
