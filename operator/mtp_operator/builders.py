@@ -129,6 +129,9 @@ def _pod_spec(spec: MTPInferenceSpec, plan: PoolPlan, config: PoolConfig, image:
     }
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
+    if spec.host_network:
+        pod["hostNetwork"] = True
+        pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     return pod
 
 
