@@ -10,15 +10,15 @@ STAMP  := $(VENV)/.installed-stamp
 # importlib mode: test files in different folders may share a basename (test_examples.py)
 PYTEST := $(PY) -m pytest
 
-.PHONY: help install build-sandbox monitoring install-tools images sandbox sandbox-down \
-        sandbox-status test test-unit lint crds demo bench
+.PHONY: help install build-sandbox monitoring lua install-tools images sandbox \
+        sandbox-down sandbox-status test test-unit lint crds demo bench
 
 help:
 	@echo "make install        .venv with mtp-operator[dev] (editable)"
 	@echo "make sandbox        local control plane + kwok GPU nodes; last line KUBECONFIG=..."
 	@echo "make sandbox-down   stop the sandbox"
 	@echo "make images         operator + CPU runtime images with buildah (local Debian base)"
-	@echo "make test           install everything (Python, Go builds, Prometheus) and run all tests"
+	@echo "make test           install everything (Python, Go builds, Prometheus, Lua) and run all tests"
 	@echo "make test-unit      unit tests only (no sandbox)"
 	@echo "make lint           ruff"
 	@echo "make crds           regenerate crds/ and the chart's copy from the pydantic models"
@@ -38,6 +38,9 @@ build-sandbox:
 monitoring:
 	@bash tests/sandbox/install_monitoring.sh
 
+lua:
+	@bash tests/sandbox/install_lua.sh
+
 # podman, buildah, runc, debootstrap, containerd from Debian (images and the real node)
 install-tools:
 	@bash tests/images/install_tools.sh
@@ -54,8 +57,8 @@ sandbox-down:
 sandbox-status:
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tests/sandbox/sandbox.py status
 
-test: install build-sandbox monitoring install-tools
-	$(PYTEST) $(PYTEST_ARGS)
+test: install build-sandbox monitoring lua install-tools
+	MTP_TEST_ALL_TOOLS=1 $(PYTEST) $(PYTEST_ARGS)
 
 test-unit: install
 	$(PYTEST) tests/unit $(PYTEST_ARGS)

@@ -71,7 +71,7 @@ from lightkube import ApiError, AsyncClient, KubeConfig, codecs  # noqa: E402
 from lightkube.resources.apps_v1 import Deployment  # noqa: E402
 from machine_info import machine  # noqa: E402  (bench/ is sys.path[0])
 
-from mtp_operator.kube import MTPInferenceResource  # noqa: E402  (registers the kind)
+from mtp_operator.adapters.kube import MTPInferenceResource  # noqa: E402  (registers the kind)
 from mtp_operator.render import DEFAULT_PRODUCTS, render_resource  # noqa: E402
 from support.operator_proc import OperatorProcess  # noqa: E402
 

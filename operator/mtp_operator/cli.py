@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
 
-    from mtp_operator.app import RunOptions, run
+    from mtp_operator.app.main import RunOptions, run
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -14,6 +14,7 @@ from typing import Any
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, PoolSource
 from mtp_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from mtp_runtime.gpu_profiles import KError, KRequest, resolve_k
+from mtp_runtime.problems import Problem, problems_text
 from mtp_runtime.vllm_command import ServeSettings, problems
 
 
@@ -67,7 +68,7 @@ def fitting_products(spec: MTPInferenceSpec, nodes: Iterable[GPUNode]) -> list[s
     return sorted(found)
 
 
-def no_fit_problem(spec: MTPInferenceSpec) -> tuple[str, str]:
+def no_fit_problem(spec: MTPInferenceSpec) -> Problem:
     """Why no pool can be placed, naming the field most likely to blame."""
     field = "gpuProducts" if spec.gpu_products is not None else "tensorParallelSize"
     message = f"no schedulable node has {spec.tensor_parallel_size} allocatable nvidia.com/gpu"
@@ -75,7 +76,7 @@ def no_fit_problem(spec: MTPInferenceSpec) -> tuple[str, str]:
         message += f" among gpuProducts {spec.gpu_products}"
     if spec.node_selector:
         message += f" and matches nodeSelector {spec.node_selector}"
-    return field, message
+    return Problem(field, message)
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,9 @@ class PoolPlan:
 class PlanError(ValueError):
     """The spec cannot be served as written; `problems` are (field, message) pairs."""
 
-    def __init__(self, found: list[tuple[str, str]]) -> None:
+    def __init__(self, found: list[Problem]) -> None:
         self.problems = found
-        super().__init__("; ".join(f"{f}: {m}" for f, m in found))
+        super().__init__(problems_text(found))
 
 
 def k_request(spec: MTPInferenceSpec) -> KRequest:
@@ -145,7 +146,7 @@ def plan_pool(
     return PoolPlan(product, k, source, reason, serve, mode)
 
 
-def validate_spec(spec: MTPInferenceSpec) -> list[tuple[str, str]]:
+def validate_spec(spec: MTPInferenceSpec) -> list[Problem]:
     """Problems the API server's schema cannot see, checked without any cluster state.
 
     Every speculative.profiles entry is checked too (as a pool of the GPU it names would plan
@@ -155,10 +156,10 @@ def validate_spec(spec: MTPInferenceSpec) -> list[tuple[str, str]]:
         plan_pool(spec, "validation-probe")
     except PlanError as err:
         return err.problems
-    found: list[tuple[str, str]] = []
+    found: list[Problem] = []
     for key, k in sorted((spec.speculative.profiles or {}).items()):
         if k < 0:
-            found.append((f"speculative.profiles[{key}]", f"{k}: K must be 0 (off) or more"))
+            found.append(Problem(f"speculative.profiles[{key}]", f"{k}: K must be 0 (off) or more"))
             continue
         try:
             plan_pool(spec, key)

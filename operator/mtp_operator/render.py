@@ -15,6 +15,7 @@ from mtp_operator import builders
 from mtp_operator.planning import PlanError, plan_pool
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.validation import spec_problems
+from mtp_runtime.problems import problems_text
 
 DEFAULT_PRODUCTS = (
     "NVIDIA-A100-SXM4-80GB",
@@ -43,12 +44,12 @@ def render_resource(
         raise RenderError("metadata.name: required")
     spec, found = spec_problems(doc.get("spec") or {})
     if found or spec is None:
-        raise RenderError("; ".join(f"{_spec_field(f)}: {m}" for f, m in found))
+        raise RenderError(problems_text(found, _spec_field))
     chosen = list(products or spec.gpu_products or DEFAULT_PRODUCTS)
     try:
         plans = [plan_pool(spec, p, settings.gpu_profiles) for p in chosen]
     except PlanError as err:
-        raise RenderError("; ".join(f"{_spec_field(f)}: {m}" for f, m in err.problems)) from err
+        raise RenderError(problems_text(err.problems, _spec_field)) from err
     return builders.desired_objects(
         name,
         meta.get("namespace", "default"),

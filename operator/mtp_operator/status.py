@@ -1,4 +1,5 @@
-"""The MTPInference status the operator reports. Pure: observations and `now` in, dict out."""
+"""The MTPInference status the operator reports. Pure: observations and `now` in, the typed
+status (`api.v1alpha1.MTPInferenceStatus`) out; `to_wire` is what the status writer sends."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from mtp_operator import conditions as c
+from mtp_operator.api.v1alpha1 import Condition, MTPInferenceStatus, PoolStatus
 from mtp_operator.naming import pool_deployment_name, product_slug
 from mtp_operator.planning import PoolPlan
 from mtp_runtime.gpu_profiles import product_family
+from mtp_runtime.problems import Problem, problems_text
 
 MAX_REMOVED_POOLS = 10
 
@@ -43,63 +48,89 @@ def short_product(product: str) -> str:
 class StatusInput:
     name: str
     generation: int | None
-    previous: Mapping[str, Any]  # the current status (may be empty)
+    previous: MTPInferenceStatus  # the current status (may be empty)
     plans: Sequence[PoolPlan]  # pools that should exist now
     observed: Mapping[str, ObservedPool]  # by GPU product
-    rollback_state: Mapping[str, Mapping[str, Any]]  # by GPU product: rollback fields to keep
+    # by GPU product: the PoolStatus rollback fields to keep (snake_case; None = unset)
+    rollback_state: Mapping[str, Mapping[str, Any]]
     settings_hashes: Mapping[str, str]
-    problems: Sequence[tuple[str, str]] = ()  # spec problems: reported, pools left as they were
+    problems: Sequence[Problem] = ()  # spec problems: reported, pools left as they were
     problem_reason: str = c.REASON_INVALID_SPEC  # or NoFittingNodes
     apply_error: str | None = None
     removed: Sequence[str] = field(default_factory=list)
 
 
-def _pool_entry(i: StatusInput, plan: PoolPlan) -> dict[str, Any]:
+def read_status(status: Mapping[str, Any] | MTPInferenceStatus | None) -> MTPInferenceStatus:
+    """A status as the API server returns it (camelCase) as the typed model. A status that
+    does not validate (hand-edited, or written by another version) reads as empty: the next
+    write replaces it."""
+    if isinstance(status, MTPInferenceStatus):
+        return status
+    try:
+        return MTPInferenceStatus.model_validate(status or {})
+    except ValidationError:
+        return MTPInferenceStatus()
+
+
+def to_wire(status: MTPInferenceStatus) -> dict[str, Any]:
+    """The status as the status subresource takes it: camelCase; fields never set (and
+    None) left out, so a merge patch leaves what it does not name alone."""
+    return status.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+
+
+def _conditions(
+    previous: MTPInferenceStatus, wanted: list[c.Want], now: str, generation: int | None
+) -> list[Condition]:
+    prev = [cond.model_dump(by_alias=True) for cond in previous.conditions]
+    return [Condition.model_validate(d) for d in c.merge(prev, wanted, now, generation)]
+
+
+def _pool_entry(i: StatusInput, plan: PoolPlan) -> PoolStatus:
     seen = i.observed.get(plan.gpu_product)
-    entry: dict[str, Any] = {
-        "gpuProduct": plan.gpu_product,
-        "numSpeculativeTokens": plan.k,
-        "source": plan.source,
-        "reason": plan.reason,
-        "replicas": seen.desired if seen else 0,
-        "readyReplicas": seen.ready if seen else 0,
-        "deployment": pool_deployment_name(i.name, plan.gpu_product),
-        "settingsHash": i.settings_hashes.get(plan.gpu_product, ""),
+    kept = {
+        k: v for k, v in (i.rollback_state.get(plan.gpu_product) or {}).items() if v is not None
     }
-    for key, value in (i.rollback_state.get(plan.gpu_product) or {}).items():
-        if value is not None:
-            entry[key] = value
-    return entry
+    return PoolStatus(
+        gpu_product=plan.gpu_product,
+        num_speculative_tokens=plan.k,
+        source=plan.source,
+        reason=plan.reason,
+        replicas=seen.desired if seen else 0,
+        ready_replicas=seen.ready if seen else 0,
+        deployment=pool_deployment_name(i.name, plan.gpu_product),
+        settings_hash=i.settings_hashes.get(plan.gpu_product, ""),
+        **kept,
+    )
 
 
-def build_status(i: StatusInput, now: str) -> dict[str, Any]:
-    prev_conditions = list(i.previous.get("conditions") or [])
+def build_status(i: StatusInput, now: str) -> MTPInferenceStatus:
     if i.problems:
         # The spec can't be served as written: say so, and leave the pools as they were.
-        message = "; ".join(f"{f}: {m}" for f, m in i.problems)
+        message = problems_text(i.problems)
         wanted = [
             c.Want(c.DEGRADED, True, i.problem_reason, message),
             c.Want(c.PROGRESSING, False, i.problem_reason, "spec change not applied"),
         ]
         invalid = i.problem_reason == c.REASON_INVALID_SPEC
         wanted = c.with_kstatus(wanted, stalled=True)
-        return {
-            **{k: v for k, v in i.previous.items() if k != "conditions"},
-            "observedGeneration": i.generation,
-            "phase": "Invalid" if invalid else "Degraded",
-            "conditions": c.merge(prev_conditions, wanted, now, i.generation),
-        }
+        return i.previous.model_copy(
+            update={
+                "observed_generation": i.generation,
+                "phase": "Invalid" if invalid else "Degraded",
+                "conditions": _conditions(i.previous, wanted, now, i.generation),
+            }
+        )
 
     pools = [_pool_entry(i, p) for p in i.plans]
-    desired = sum(p["replicas"] for p in pools)
-    ready = sum(p["readyReplicas"] for p in pools)
+    desired = sum(p.replicas for p in pools)
+    ready = sum(p.ready_replicas for p in pools)
     rolling = [
         p.gpu_product
         for p in i.plans
         if p.gpu_product not in i.observed or not i.observed[p.gpu_product].up_to_date
     ]
     all_ready = bool(pools) and not rolling and ready >= desired
-    rolled_back = [p for p in pools if p["source"] == "rollback"]
+    rolled_back = [p for p in pools if p.source == "rollback"]
 
     wanted = []
     if i.apply_error:
@@ -121,7 +152,7 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
         wanted.append(c.Want(c.PROGRESSING, False, c.REASON_STABLE))
     if rolled_back:
         msg = ", ".join(
-            f"{p['gpuProduct']} K={p['numSpeculativeTokens']} ({p['reason']})" for p in rolled_back
+            f"{p.gpu_product} K={p.num_speculative_tokens} ({p.reason})" for p in rolled_back
         )
         wanted.append(c.Want(c.ROLLED_BACK, True, c.REASON_ROLLED_BACK, msg))
     else:
@@ -134,29 +165,34 @@ def build_status(i: StatusInput, now: str) -> dict[str, Any]:
         phase = "Ready"
     else:
         phase = "Progressing"
-    removed = list(i.previous.get("removedPools") or [])
+    removed = list(i.previous.removed_pools)
     removed = [r for r in removed if r not in {p.gpu_product for p in i.plans}]
     removed = (removed + [r for r in i.removed if r not in removed])[-MAX_REMOVED_POOLS:]
-    return {
-        "observedGeneration": i.generation,
-        "phase": phase,
-        "conditions": c.merge(prev_conditions, wanted, now, i.generation),
-        "pools": pools,
-        "rollbacks": list(i.previous.get("rollbacks") or []),
-        "poolsSummary": " ".join(
-            f"{short_product(p['gpuProduct'])}:{p['numSpeculativeTokens']}" for p in pools
+    return MTPInferenceStatus(
+        observed_generation=i.generation,
+        phase=phase,
+        conditions=_conditions(i.previous, wanted, now, i.generation),
+        pools=pools,
+        rollbacks=list(i.previous.rollbacks),
+        pools_summary=" ".join(
+            f"{short_product(p.gpu_product)}:{p.num_speculative_tokens}" for p in pools
         ),
-        "ready": f"{ready}/{desired}",
-        "removedPools": removed,
-    }
+        ready=f"{ready}/{desired}",
+        removed_pools=removed,
+        rollback_reset_token=i.previous.rollback_reset_token,
+    )
 
 
-def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+def status_changed(
+    old: MTPInferenceStatus | Mapping[str, Any], new: MTPInferenceStatus | Mapping[str, Any]
+) -> bool:
     """True when writing `new` would tell the reader something `old` doesn't."""
-    a = {k: v for k, v in old.items() if k != "conditions"}
-    b = {k: v for k, v in new.items() if k != "conditions"}
-    if a != b:
+    a = to_wire(old) if isinstance(old, MTPInferenceStatus) else dict(old)
+    b = to_wire(new) if isinstance(new, MTPInferenceStatus) else dict(new)
+    if {k: v for k, v in a.items() if k != "conditions"} != {
+        k: v for k, v in b.items() if k != "conditions"
+    }:
         return True
     return not c.same_ignoring_time(
-        list(old.get("conditions") or []), list(new.get("conditions") or [])
+        list(a.get("conditions") or []), list(b.get("conditions") or [])
     )

@@ -13,8 +13,9 @@ from pydantic import ValidationError
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.planning import validate_spec
+from mtp_runtime.problems import Problem, problems_text
 
-Problem = tuple[str, str]
+__all__ = ["Problem", "problems_text", "spec_problems"]
 
 
 _UNION_BRANCHES = frozenset({"int", "str", "float", "bool"})
@@ -32,14 +33,10 @@ def _field(loc: tuple[Any, ...]) -> str:
 def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None, list[Problem]]:
     """Parse and check a spec: (spec, []) or (spec or None, [(field, message), ...])."""
     if not isinstance(raw_spec, Mapping):
-        return None, [("spec", f"must be an object, not {type(raw_spec).__name__}")]
+        return None, [Problem("spec", f"must be an object, not {type(raw_spec).__name__}")]
     try:
         spec = MTPInferenceSpec.model_validate(dict(raw_spec))
     except ValidationError as err:
-        found = {(_field(e["loc"]), e["msg"]) for e in err.errors()}
+        found = {Problem(_field(e["loc"]), e["msg"]) for e in err.errors()}
         return None, sorted(found)
     return spec, validate_spec(spec)
-
-
-def problems_text(found: list[Problem]) -> str:
-    return "; ".join(f"{f}: {m}" for f, m in found)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mtp_runtime import __version__, gpu_detect, metrics
+from mtp_runtime import __version__, exposition, figures, gpu_detect
 from mtp_runtime.exporter import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PORT,
@@ -136,8 +136,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
             text = fetch_text(source, timeout=args.timeout)
         else:
             text = Path(source).read_text()
-        result = metrics.stats(text)
-    except (OSError, metrics.ParseError) as exc:
+        result = figures.stats(text)
+    except (OSError, exposition.ParseError) as exc:
         raise CLIError(1, "stats_error", f"cannot read {source}: {exc}") from exc
     print(json.dumps(result, indent=2))
     return 0

@@ -2,8 +2,8 @@
 
 Runs as a thread inside `mtp-runtime serve` (or alone: `mtp-runtime exporter`). Every
 `interval_s` it scrapes vLLM's spec-decode counters into a sliding window
-(metrics.CounterWindow, default 5 minutes); each GET /metrics on the exporter's port computes
-the figures over that window with metrics.figures_from_increase, so they are exactly the
+(figures.CounterWindow, default 5 minutes); each GET /metrics on the exporter's port computes
+the figures over that window with figures.figures_from_increase, so they are exactly the
 shared/mtp-metrics.md definitions. A figure with no drafts in the window is left out (no
 sample), never written as 0. When vLLM cannot be scraped, `mtp_runtime_vllm_up` is 0 and the
 exporter keeps serving. Standard library only (no prometheus_client needed).
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from mtp_runtime import __version__, metrics
+from mtp_runtime import __version__, figures, spec_decode
 from mtp_runtime.gpu_detect import GPUInfo
 
 DEFAULT_PORT = 9400
@@ -109,7 +109,7 @@ class MTPExporter:
         on_event: Callable[..., None] | None = None,
     ) -> None:
         self.url = vllm_metrics_url
-        self.window = metrics.CounterWindow(window_s)
+        self.window = figures.CounterWindow(window_s)
         self.interval_s = interval_s
         self.state = state or ExporterState()
         self.match = match
@@ -131,7 +131,7 @@ class MTPExporter:
         now = self.clock()
         try:
             text = self.fetch(self.url)
-            snapshot = metrics.spec_snapshot(text, self.match)
+            snapshot = spec_decode.spec_snapshot(text, self.match)
         except Exception as exc:  # any failure to get or read the page: vLLM is not up
             with self._lock:
                 was_up = self.vllm_up

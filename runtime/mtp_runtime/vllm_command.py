@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from mtp_runtime.gpu_profiles import valid_k_for_depth
+from mtp_runtime.problems import Problem, problems_text
 
 # vLLM 0.33.0 accepts these as MTP methods: the canonical name and its deprecated aliases.
 MTP_METHODS: frozenset[str] = frozenset(
@@ -98,9 +99,9 @@ class ServeSettings:
 class SettingsError(ValueError):
     """Settings vLLM would refuse; each entry of `problems` is `(field, message)`."""
 
-    def __init__(self, problems: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, problems: Sequence[Problem]) -> None:
         self.problems = list(problems)
-        super().__init__("; ".join(f"{f}: {m}" for f, m in self.problems))
+        super().__init__(problems_text(self.problems))
 
 
 def _flag_name(arg: str) -> str:
@@ -110,36 +111,39 @@ def _flag_name(arg: str) -> str:
     return name.replace("_", "-") if name.startswith("--") else name
 
 
-def problems(s: ServeSettings) -> list[tuple[str, str]]:
+def problems(s: ServeSettings) -> list[Problem]:
     """Every reason vLLM 0.33.0 would refuse these settings, named by spec field."""
-    found: list[tuple[str, str]] = []
+    found: list[Problem] = []
     if not s.model.strip():
-        found.append(("model", "must not be empty"))
+        found.append(Problem("model", "must not be empty"))
     if s.num_speculative_tokens < 0:
-        found.append(("speculative.numSpeculativeTokens", "must be 0 (off) or more"))
+        found.append(Problem("speculative.numSpeculativeTokens", "must be 0 (off) or more"))
     if s.num_speculative_tokens > 0 and s.method not in MTP_METHODS:
         found.append(
-            ("speculative.method", f"{s.method!r} is not an MTP method vLLM 0.33.0 accepts")
+            Problem("speculative.method", f"{s.method!r} is not an MTP method vLLM 0.33.0 accepts")
         )
     if not valid_k_for_depth(s.num_speculative_tokens, s.mtp_layers):
         found.append(
-            (
+            Problem(
                 "speculative.numSpeculativeTokens",
                 f"{s.num_speculative_tokens} is not valid for mtpLayers={s.mtp_layers}: above "
                 "the model's MTP depth K must be a multiple of it",
             )
         )
     if s.tensor_parallel_size < 1:
-        found.append(("tensorParallelSize", "must be at least 1"))
+        found.append(Problem("tensorParallelSize", "must be at least 1"))
     if s.model_source not in MODEL_SOURCES:
-        found.append(("modelSource", f"must be one of {', '.join(MODEL_SOURCES)}"))
+        found.append(Problem("modelSource", f"must be one of {', '.join(MODEL_SOURCES)}"))
     for arg in s.extra_args:
         flag, written = _flag_name(arg), arg.split("=", 1)[0]
         if flag in RESERVED_FLAGS:
             shown = flag if written == flag else f"{written} ({flag})"
             found.append(
-                ("extraArgs", f"{shown} is set by the operator from the spec; use "
-                 "the matching spec field instead")
+                (
+                    "extraArgs",
+                    f"{shown} is set by the operator from the spec; use "
+                    "the matching spec field instead",
+                )
             )
     return found
 

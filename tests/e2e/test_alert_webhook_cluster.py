@@ -2,7 +2,7 @@
 
 Payloads are Alertmanager's webhook v4 as Alertmanager 0.25 sends them. Every test checks
 what the cluster shows afterwards (pool Deployments, status.rollbacks, Events), not only the
-HTTP answers, and the operator's own counters (alerts/metrics.py).
+HTTP answers, and the operator's own counters (adapters/telemetry.py).
 """
 
 from __future__ import annotations

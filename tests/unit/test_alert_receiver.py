@@ -14,14 +14,14 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from mtp_operator.alerts.metrics import AlertMetrics
-from mtp_operator.alerts.receiver import (
+from mtp_operator.adapters.telemetry import AlertMetrics
+from mtp_operator.addresses import parse_address
+from mtp_operator.control.alert_server import (
     ReceiveResult,
     make_app,
-    parse_address,
     serve_alerts,
 )
-from mtp_operator.alerts.webhook import PayloadError, parse_webhook
+from mtp_operator.rollback.alertmanager import PayloadError, parse_webhook
 from mtp_operator.rollback.signals import AlertSignal, PoolRef
 
 TOKEN = "s3cret-token"
@@ -464,7 +464,7 @@ async def test_handler_may_return_its_own_outcome_type() -> None:
 
 
 async def test_serve_alerts_without_token_or_tls(handler: Handler) -> None:
-    from mtp_operator.metrics import REGISTRY
+    from mtp_operator.adapters.telemetry import REGISTRY
 
     before = REGISTRY.get_sample_value("mtp_operator_alert_requests_total", {"code": "200"}) or 0
     runner = await serve_alerts("127.0.0.1:0", None, None, None, handler)

@@ -14,11 +14,13 @@ from mtp_operator.status import (
     MAX_REMOVED_POOLS,
     ObservedPool,
     StatusInput,
-    build_status,
     observe_deployment,
+    read_status,
     short_product,
     status_changed,
+    to_wire,
 )
+from mtp_operator.status import build_status as build_typed_status
 
 T0 = "2026-01-01T00:00:00Z"
 T1 = "2026-01-01T00:05:00Z"
@@ -137,11 +139,18 @@ def _ready(n: int = 1) -> ObservedPool:
     return ObservedPool(desired=n, ready=n, up_to_date=True)
 
 
+def build_status(inputs: StatusInput, now: str) -> dict[str, Any]:
+    """The status as written to the API server (the typed status, on the wire)."""
+    status = build_typed_status(inputs, now)
+    assert isinstance(status, MTPInferenceStatus)
+    return to_wire(status)
+
+
 def _input(plans: list[PoolPlan], observed: dict[str, ObservedPool], **kw: Any) -> StatusInput:
     return StatusInput(
         name=kw.pop("name", "res"),
         generation=kw.pop("generation", 1),
-        previous=kw.pop("previous", {}),
+        previous=read_status(kw.pop("previous", {})),
         plans=plans,
         observed=observed,
         rollback_state=kw.pop("rollback_state", {}),

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from mtp_runtime import metrics as m
+from mtp_runtime import exposition
 from mtp_runtime.exporter import FAMILIES, ExporterState, MTPExporter
 from mtp_runtime.gpu_detect import GPUInfo
 
@@ -28,7 +28,7 @@ def _get(url: str) -> str:
 
 def _values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for s in m.parse_exposition(text).samples}
+            for s in exposition.parse_exposition(text).samples}
 
 
 @pytest.fixture
@@ -74,11 +74,11 @@ def test_figures_over_the_window(fake_vllm, exporter) -> None:
     assert v[("mtp_window_drafts", ())] == 3.0
     assert v[("mtp_runtime_gpu_mismatch", (("detected", "NVIDIA-H200"),
                                            ("expected", "NVIDIA-H100-80GB-HBM3")))] == 1.0
-    info = next(s for s in m.parse_exposition(body).samples if s.name == "mtp_gpu_info")
+    info = next(s for s in exposition.parse_exposition(body).samples if s.name == "mtp_gpu_info")
     assert info.labels["gpu_product"] == "NVIDIA-H200"
     assert info.labels["gpu_family"] == "H200"
     assert info.labels["gpu_count"] == "8"
-    types = m.parse_exposition(body).types
+    types = exposition.parse_exposition(body).types
     assert set(types) == set(FAMILIES)
 
     # idle for longer than the window: the figures go absent again (no data, never 0)

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from mtp_runtime import metrics as m
+from mtp_runtime import exposition, figures, spec_decode
 
 pytestmark = pytest.mark.unit
 
@@ -15,7 +15,7 @@ SPEC_PREFIX = "vllm:spec_decode_"
 
 
 def _shape(text: str) -> tuple[dict[str, str], dict[str, str], set[tuple[str, tuple[str, ...]]]]:
-    e = m.parse_exposition(text)
+    e = exposition.parse_exposition(text)
     types = {k: v for k, v in e.types.items() if k.startswith(SPEC_PREFIX)}
     helps = {k: v for k, v in e.helps.items() if k.startswith(SPEC_PREFIX)}
     series = {(s.name, tuple(sorted(s.labels))) for s in e.samples
@@ -28,7 +28,7 @@ def test_spec_families_match_vllm_sample(sample_prom: str, fake_vllm) -> None:
     body = urllib.request.urlopen(fake_vllm.metrics_url, timeout=5).read().decode()
     assert _shape(body) == _shape(sample_prom)
     # same numbers as the sample, since it was made from the same three drafts
-    assert m.stats(body) == m.stats(sample_prom)
+    assert figures.stats(body) == figures.stats(sample_prom)
     # same series, label values included, except the _created timestamps
     fake_lines = {ln.rsplit(" ", 1)[0] for ln in body.splitlines() if ln.startswith(SPEC_PREFIX)}
     real_lines = {ln.rsplit(" ", 1)[0] for ln in sample_prom.splitlines()
@@ -42,26 +42,26 @@ def test_spec_families_match_vllm_sample(sample_prom: str, fake_vllm) -> None:
 
 
 def test_other_families_keep_vllm_types(sample_prom: str, fake_vllm) -> None:
-    real = m.parse_exposition(sample_prom).types
-    fake = m.parse_exposition(fake_vllm.exposition()).types
+    real = exposition.parse_exposition(sample_prom).types
+    fake = exposition.parse_exposition(fake_vllm.exposition()).types
     for name, kind in fake.items():
         assert real.get(name) == kind, name
 
 
 def test_driving_the_counters(fake_vllm) -> None:
-    before = m.spec_snapshot(fake_vllm.exposition())
+    before = spec_decode.spec_snapshot(fake_vllm.exposition())
     drawn = fake_vllm.advance_random(500, acceptance=0.8)
-    after = m.spec_snapshot(fake_vllm.exposition())
-    f = m.figures(after, before)
+    after = spec_decode.spec_snapshot(fake_vllm.exposition())
+    f = figures.figures(after, before)
     assert f["drafts"] == 500
     assert f["hit_rate"] == pytest.approx(sum(1 for n in drawn if n) / 500)
     assert f["hit_rate"] == pytest.approx(0.8, abs=0.06)
     fake_vllm.set_counters(3, 12, 6, [2, 2, 1, 1])
-    assert m.stats(fake_vllm.exposition())["error_propagation_rate"] == pytest.approx(1 / 3)
+    assert figures.stats(fake_vllm.exposition())["error_propagation_rate"] == pytest.approx(1 / 3)
     fake_vllm.restart(k=2)
-    assert m.stats(fake_vllm.exposition())["hit_rate"] is None
+    assert figures.stats(fake_vllm.exposition())["hit_rate"] is None
     fake_vllm.advance([2, 1])
-    assert m.stats(fake_vllm.exposition())["num_speculative_tokens"] == 2
+    assert figures.stats(fake_vllm.exposition())["num_speculative_tokens"] == 2
     with pytest.raises(ValueError):
         fake_vllm.advance([3])
 
@@ -69,7 +69,7 @@ def test_driving_the_counters(fake_vllm) -> None:
 def test_spec_off_has_no_spec_families() -> None:
     from support.fake_vllm import FakeVLLM
 
-    e = m.parse_exposition(FakeVLLM(k=0).exposition())
+    e = exposition.parse_exposition(FakeVLLM(k=0).exposition())
     assert not [n for n in e.types if n.startswith(SPEC_PREFIX)]
     assert "vllm:num_requests_running" in e.types
 

@@ -7,7 +7,7 @@ import asyncio
 
 from kopf._cogs.aiokits.aiotoggles import ToggleSet
 
-from mtp_operator import kopf_tweaks
+from mtp_operator.app import kopf_tweaks
 
 
 def test_waiters_are_released_when_the_last_toggle_goes_and_not_before():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mtp_runtime import metrics as m
+from mtp_runtime import exposition
 from mtp_runtime.launcher import child_environment, exit_status
 from mtp_runtime.pool_config import PoolConfig
 from mtp_runtime.vllm_command import ServeSettings
@@ -174,7 +174,7 @@ def test_serve_with_exporter_end_to_end(setup) -> None:
             try:
                 body = urllib.request.urlopen(
                     f"http://127.0.0.1:{exporter_port}/metrics", timeout=2).read().decode()
-                values = {s.name: s.value for s in m.parse_exposition(body).samples
+                values = {s.name: s.value for s in exposition.parse_exposition(body).samples
                           if not s.labels}
                 if "mtp_hit_rate" in values:
                     break

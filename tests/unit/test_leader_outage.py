@@ -12,7 +12,7 @@ from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
-from mtp_operator.leader import LeaderElector
+from mtp_operator.control.leader import LeaderElector
 
 
 class AwayThenTaken:
@@ -48,7 +48,7 @@ def test_keep_rides_out_an_api_outage_and_stops_when_another_replica_holds_the_l
 def test_identity_is_the_pod_name_when_set(monkeypatch) -> None:
     """hostNetwork replicas share the host name and are both PID 1: only POD_NAME tells them
     apart."""
-    from mtp_operator.leader import default_identity
+    from mtp_operator.control.leader import default_identity
 
     monkeypatch.setenv("POD_NAME", "mtp-operator-7d9f-abcde")
     assert default_identity() == "mtp-operator-7d9f-abcde"

@@ -342,7 +342,7 @@ def _pod_labels(**extra: str) -> str:
 
 def test_a_change_of_k_inside_the_window_gives_no_error_propagation(tmp_path: Path) -> None:
     # K=4 for 10 minutes, then K=2 (same pod series for simplicity): while the 5 m window
-    # holds both, T/D is not whole and c_{K-1} is undefined, as in metrics.py
+    # holds both, T/D is not whole and c_{K-1} is undefined, as in mtp_runtime.figures
     def steps(first: float, second: float) -> str:
         return f"0+{first:g}x10 {10 * first + second:g}+{second:g}x10"
 

@@ -1,5 +1,6 @@
-"""README.md can't drift from what it documents: the CRD's fields, the GPU profile table, the
-chart values, the alert and recording-rule names, the quickstart and the Makefile targets."""
+"""README.md and docs/ can't drift from what they document: the CRD's fields, the GPU profile
+table, the chart values, the alert and recording-rule names, the quickstart and the Makefile
+targets, and the metric names, examples and paths they mention."""
 
 from __future__ import annotations
 
@@ -16,16 +17,20 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
+DOCS = {p.stem: p.read_text() for p in sorted((REPO / "docs").glob("*.md"))}
+EVERYTHING = "\n".join([README, *DOCS.values()])  # the README and every page of docs/
 CRD = yaml.safe_load((REPO / "crds" / "mtp-operator.io_mtpinferences.yaml").read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
 VALUES = yaml.safe_load((REPO / "charts" / "mtp-operator" / "values.yaml").read_text())
 RULES = REPO / "charts" / "mtp-operator" / "files" / "prometheus-rules.yaml"
 
 
-def _section(title: str) -> str:
-    """The text of a `## title` section, up to the next `## ` heading."""
-    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.M | re.S)
-    assert m, f"README has no section '## {title}'"
+def _section(title: str, doc: str | None = None) -> str:
+    """The text of a `## title` section of the README (or of docs/<doc>.md), up to the next
+    `## ` heading."""
+    text = README if doc is None else DOCS[doc]
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert m, f"{doc or 'README'} has no section '## {title}'"
     return m.group(1)
 
 
@@ -53,7 +58,7 @@ def _paths(props: dict[str, Any], prefix: str = "") -> list[str]:
 
 
 def test_every_spec_field_is_in_the_reference_table() -> None:
-    table = _subsection(_section("MTPInference reference"), "spec")
+    table = _subsection(_section("MTPInference reference", "reference"), "spec")
     documented = {row[0].strip("`") for row in _table_rows(table)[1:]}
     fields = set(_paths(SCHEMA["spec"]["properties"]))
     assert fields - documented == set(), "fields missing from the README's spec table"
@@ -61,7 +66,7 @@ def test_every_spec_field_is_in_the_reference_table() -> None:
 
 
 def test_spec_defaults_in_the_table_match_the_crd() -> None:
-    table = _subsection(_section("MTPInference reference"), "spec")
+    table = _subsection(_section("MTPInference reference", "reference"), "spec")
     rows = {row[0].strip("`"): row for row in _table_rows(table)[1:]}
 
     def walk(props: dict[str, Any], prefix: str = "") -> None:
@@ -79,7 +84,7 @@ def test_spec_defaults_in_the_table_match_the_crd() -> None:
 
 
 def test_every_status_field_is_in_the_status_table() -> None:
-    table = _subsection(_section("MTPInference reference"), "status")
+    table = _subsection(_section("MTPInference reference", "reference"), "status")
     documented = {row[0].strip("`") for row in _table_rows(table)[1:]}
     assert set(SCHEMA["status"]["properties"]) == documented
 
@@ -93,7 +98,7 @@ def test_gpu_profile_table_is_the_default_table() -> None:
 
 
 def test_chart_values_table_names_real_values() -> None:
-    section = _section("Install with Helm")
+    section = _section("Install with Helm", "operations")
     rows = [r for r in _table_rows(section) if r and r[0].startswith("`")]
     assert rows, "no chart values table"
     for row in rows:
@@ -113,39 +118,49 @@ def test_quickstart_is_exactly_two_commands() -> None:
 
 
 def test_alert_and_rule_names_exist() -> None:
-    if not RULES.exists():
-        pytest.skip("rules file not written yet")
     doc = yaml.safe_load(RULES.read_text())
     rules = [r for g in doc["groups"] for r in g["rules"]]
     records = {r["record"] for r in rules if "record" in r}
     alerts = {r["alert"] for r in rules if "alert" in r}
-    for name in set(re.findall(r"`(mtp:[a-z_:]+)`", README)):
-        assert name in records, f"README names recording rule {name}, not in the rules file"
+    for name in set(re.findall(r"`(mtp:[a-z_:]+)`", EVERYTHING)):
+        assert name in records, f"docs name recording rule {name}, not in the rules file"
     assert alerts == {"MTPHitRateLow", "MTPErrorPropagationHigh"}
     for alert in alerts:
-        assert f"`{alert}`" in _section("Alerts and rollback")
+        assert f"`{alert}`" in _section("When K is rolled back")
+        assert f"`{alert}`" in DOCS["rollback"]
 
 
 def test_exporter_and_operator_metric_names_exist() -> None:
     exporter = (REPO / "runtime" / "mtp_runtime" / "exporter.py").read_text()
-    operator = (REPO / "operator" / "mtp_operator" / "metrics.py").read_text()
-    operator += (REPO / "operator" / "mtp_operator" / "alerts" / "metrics.py").read_text()
-    for name in set(re.findall(r"`(mtp_[a-z_]+)`", README)) - {"mtp_num_hidden_layers"}:
-        assert f'"{name}"' in exporter + operator, f"README names unknown metric {name}"
-    for name in set(re.findall(r"`(mtp_operator_[a-z_]+)", README)):
+    operator = (REPO / "operator" / "mtp_operator" / "adapters" / "telemetry.py").read_text()
+    not_metrics = {"mtp_num_hidden_layers", "mtp_operator", "mtp_runtime"}  # a field, packages
+    for name in set(re.findall(r"`(mtp_[a-z_]+)`", EVERYTHING)) - not_metrics:
+        assert f'"{name}"' in exporter + operator, f"docs name unknown metric {name}"
+    for name in set(re.findall(r"`(mtp_operator_[a-z_]+)", EVERYTHING)):
         assert f'"{name}"' in operator, name
 
 
 def test_examples_named_in_the_readme_exist() -> None:
-    for name in set(re.findall(r"examples/([\w.-]+\.yaml)", README)):
+    for name in set(re.findall(r"examples/([\w.-]+\.yaml)", EVERYTHING)):
         assert (REPO / "examples" / name).exists(), name
 
 
 def test_paths_named_in_the_readme_exist() -> None:
-    for path in set(re.findall(r"`((?:charts|tests|operator|runtime|crds)/[\w./-]+)`", README)):
-        assert (REPO / path).exists(), f"README names {path}, which doesn't exist"
+    found = set(re.findall(r"`((?:charts|tests|operator|runtime|crds|docs|bench)/[\w./-]+)`",
+                           EVERYTHING))
+    assert found
+    for path in found:
+        assert (REPO / path).exists(), f"docs name {path}, which doesn't exist"
 
 
 def test_no_unfinished_parts() -> None:
-    """The README describes what exists: no TODO markers left."""
-    assert "TODO" not in README
+    """The README and docs/ describe what exists: no TODO markers left."""
+    assert "TODO" not in EVERYTHING
+
+
+def test_docs_pages_the_readme_links_exist() -> None:
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)", README))
+    assert {f"docs/{name}.md" for name in DOCS} == linked, "README's index and docs/ differ"
+    for name, text in DOCS.items():
+        for target in re.findall(r"\]\(((?:\.\./)?[\w./-]+\.md)", text):
+            assert ((REPO / "docs" / target).resolve()).exists(), f"docs/{name}.md links {target}"

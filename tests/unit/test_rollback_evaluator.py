@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mtp_operator.api.v1alpha1 import RollbackSpec
-from mtp_operator.rollback.evaluator_logic import PoolEvaluator, pool_snapshot
+from mtp_operator.rollback.evaluation import PoolEvaluator, pool_snapshot
 from mtp_operator.rollback.policy import PoolRollbackState, decide
 from mtp_operator.rollback.signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, PoolRef
-from mtp_runtime.metrics import SpecCounters, accepted_prefix_counts
+from mtp_runtime.figures import accepted_prefix_counts
+from mtp_runtime.spec_decode import SpecCounters
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 POOL = PoolRef("ml", "dsv3", "NVIDIA-H100-80GB-HBM3")

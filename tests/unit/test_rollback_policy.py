@@ -12,10 +12,8 @@ from mtp_operator.rollback.policy import (
     PoolRollbackState,
     decide,
     effective_k,
-    format_time,
     known_good_due,
     next_lower_k,
-    parse_time,
     promote_known_good,
 )
 from mtp_operator.rollback.signals import (
@@ -24,6 +22,7 @@ from mtp_operator.rollback.signals import (
     AlertSignal,
     PoolRef,
 )
+from mtp_operator.timestamps import format_time, parse_time
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -8,8 +8,8 @@ from typing import Any
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, RollbackSpec
 from mtp_operator.planning import plan_pool
-from mtp_operator.rollback.policy import format_time
 from mtp_operator.rollback.state import pool_rollback_state
+from mtp_operator.timestamps import format_time
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -24,25 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from mtp_runtime.gpu_profiles import valid_k_for_depth
 
 from ..api.v1alpha1 import PoolStatus, RollbackRecord, RollbackSpec
+from ..timestamps import format_time, parse_time
 from .signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, ROLLBACK_ALERTS, AlertSignal
-
-
-def format_time(t: datetime) -> str:
-    """RFC 3339 in UTC with a Z, as Kubernetes writes times."""
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str | None) -> datetime | None:
-    if not s:
-        return None
-    t = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -243,6 +232,18 @@ class EffectiveK:
     reason: str
 
 
+def is_new_reset_token(token: str | None, handled: str | None) -> bool:
+    """The reset rule, in one place: an annotation value undoes a pin only once, when it
+    differs from the last value acted on (`status.rollbackResetToken`)."""
+    return bool(token) and token != handled
+
+
+def handled_reset_token_after(token: str | None, handled: str | None) -> str | None:
+    """The value to keep as handled after this pass: a new token is marked handled even
+    when nothing was pinned, so an old token cannot undo a later rollback."""
+    return token if is_new_reset_token(token, handled) else handled
+
+
 def effective_k(
     spec_k: int,
     rollback_k: int | None,
@@ -258,8 +259,8 @@ def effective_k(
     handled even when nothing is pinned, so an old token cannot undo a later rollback. A pin
     never raises K above what the spec now asks for.
     """
-    new_token = bool(reset_token) and reset_token != handled_reset_token
-    handled = reset_token if new_token else handled_reset_token
+    new_token = is_new_reset_token(reset_token, handled_reset_token)
+    handled = handled_reset_token_after(reset_token, handled_reset_token)
     if rollback_k is None:
         return EffectiveK(spec_k, "spec", None, handled, "no rollback")
     if rollback_generation != generation:

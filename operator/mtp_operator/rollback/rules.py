@@ -2,14 +2,14 @@
 
 charts/mtp-operator/files/prometheus-rules.yaml is `render_rules()` with its defaults (a test
 checks they do not drift); tests render short windows. The figures are exactly those of
-shared/mtp-metrics.md (and runtime/mtp_runtime/metrics.py), per pool: the labels
+shared/mtp-metrics.md (and runtime/mtp_runtime/figures.py), per pool: the labels
 `namespace`, `mtpinference`, `gpu_product` that Prometheus relabels from the pods' labels.
 
 How c_{K-1} is selected: PromQL cannot turn the pool's K (a value, T/D) into a `position`
 label, so the rules enumerate K = 1..max_k and keep, for each pool, the per-position increase
 at position K-1 only where T/D equals K (within 1e-3). A window that mixes drafts of different
 K (a change of K inside the window) has no whole K and gives no error-propagation sample, as
-metrics.py gives None; so do pools with K > max_k. D·(K-1) is written as T - D.
+mtp_runtime.figures gives None; so do pools with K > max_k. D·(K-1) is written as T - D.
 
 No data: every ratio divides by `(x > 0)`, which drops the pool when the denominator is 0, so
 an idle pool has no sample (never 0, never NaN) and the alerts, which also need `min_drafts`

@@ -4,38 +4,61 @@ The state lives in status.pools[] so a restarted operator still knows it. Whethe
 still holds is `policy.effective_k`'s rule (a new spec generation or a new
 `mtp-operator.io/reset-rollback` value undoes it); the known-good K survives both, since it
 is what a later rollback returns to, and advances by `policy.promote_known_good`.
+
+Rollback decisions (`policy.Decision`) are values: `with_decisions` folds them into a status,
+and the reconciler, the one status writer, persists the result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from mtp_operator.api.v1alpha1 import RollbackSpec
+from mtp_operator.api.v1alpha1 import (
+    MAX_ROLLBACK_HISTORY,
+    MTPInferenceStatus,
+    PoolStatus,
+    RollbackSpec,
+)
 from mtp_operator.naming import ANNOTATION_RESET_ROLLBACK
 from mtp_operator.rollback.policy import (
+    Decision,
     PoolRollbackState,
     effective_k,
+    handled_reset_token_after,
     promote_known_good,
 )
 
 
+def _typed(status: MTPInferenceStatus | Mapping[str, Any]) -> MTPInferenceStatus:
+    if isinstance(status, MTPInferenceStatus):
+        return status
+    return MTPInferenceStatus.model_validate(dict(status))
+
+
+def _with_fields(pool: PoolStatus, fields: Mapping[str, Any]) -> PoolStatus:
+    """`pool` with these camelCase rollback fields set (None: unset)."""
+    data = {**pool.model_dump(by_alias=True), **fields}
+    return PoolStatus.model_validate({k: v for k, v in data.items() if v is not None})
+
+
 @dataclass(frozen=True)
 class RollbackView:
-    pools: Mapping[str, Mapping[str, Any]]  # by GPU product: previous entries, pins resolved
+    pools: Mapping[str, PoolStatus]  # by GPU product: previous entries, pins resolved
     handled_reset_token: str | None
     now: datetime
 
     def k_for(self, product: str) -> int | None:
         """The K a rollback pins this pool to, if a pin still holds."""
-        return self.pools.get(product, {}).get("rollbackK")
+        pool = self.pools.get(product)
+        return pool.rollback_k if pool is not None else None
 
     def by_product(
         self, plans: Sequence[Any], spec: RollbackSpec, mtp_layers: int | None
     ) -> dict[str, dict[str, Any]]:
-        """Rollback fields for each planned pool (`plans`: planning.PoolPlan)."""
+        """Rollback fields (camelCase) for each planned pool (`plans`: planning.PoolPlan)."""
         out: dict[str, dict[str, Any]] = {}
         for plan in plans:
             prev = self.pools.get(plan.gpu_product)
@@ -54,28 +77,50 @@ class RollbackView:
 
 
 def pool_rollback_state(
-    previous_status: Mapping[str, Any],
+    previous_status: MTPInferenceStatus | Mapping[str, Any],
     metadata: Mapping[str, Any],
     generation: int | None,
     now: datetime,
 ) -> RollbackView:
+    status = _typed(previous_status)
     token = (metadata.get("annotations") or {}).get(ANNOTATION_RESET_ROLLBACK)
-    handled = previous_status.get("rollbackResetToken")
-    pools: dict[str, dict[str, Any]] = {}
-    for entry in previous_status.get("pools") or []:
-        kept = dict(entry)
+    handled = status.rollback_reset_token
+    pools: dict[str, PoolStatus] = {}
+    for entry in status.pools:
         pin = effective_k(
-            entry.get("numSpeculativeTokens", 0),
-            entry.get("rollbackK"),
-            entry.get("rollbackGeneration"),
+            entry.num_speculative_tokens,
+            entry.rollback_k,
+            entry.rollback_generation,
             generation,
             token,
             handled,
         )
         if pin.rollback_k is None:
-            kept.pop("rollbackK", None)
-            kept.pop("rollbackGeneration", None)
-        pools[entry["gpuProduct"]] = kept
-    new_token = token if token and token != handled else handled
-    return RollbackView(pools, new_token, now)
+            entry = entry.model_copy(update={"rollback_k": None, "rollback_generation": None})
+        pools[entry.gpu_product] = entry
+    return RollbackView(pools, handled_reset_token_after(token, handled), now)
 
+
+def with_decisions(
+    status: MTPInferenceStatus, decisions: Iterable[Decision]
+) -> MTPInferenceStatus:
+    """`status` with each decision's pool state written into its pool entry and each
+    rollback appended to `rollbacks` (the last MAX_ROLLBACK_HISTORY kept). Decisions for a
+    pool the status does not list are left out."""
+    pools = {p.gpu_product: p for p in status.pools}
+    records = []
+    for decision in decisions:
+        product = decision.state.gpu_product
+        if product not in pools:
+            continue
+        pools[product] = _with_fields(pools[product], decision.state.status_fields())
+        if decision.record is not None:
+            records.append(decision.record)
+    if not records and all(pools[p.gpu_product] == p for p in status.pools):
+        return status
+    return status.model_copy(
+        update={
+            "pools": [pools[p.gpu_product] for p in status.pools],
+            "rollbacks": (list(status.rollbacks) + records)[-MAX_ROLLBACK_HISTORY:],
+        }
+    )

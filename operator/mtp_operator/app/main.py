@@ -17,13 +17,15 @@ from aiohttp import web
 from lightkube import AsyncClient
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from mtp_operator import handlers
-from mtp_operator.alerts.receiver import parse_address
-from mtp_operator.kube import Kube
-from mtp_operator.leader import LeaderElector
-from mtp_operator.metrics import REGISTRY
-from mtp_operator.reconciler import Reconciler
-from mtp_operator.rollback.actions import RollbackActions
+from mtp_operator.adapters.kube import KubeClient
+from mtp_operator.adapters.telemetry import REGISTRY
+from mtp_operator.addresses import parse_address
+from mtp_operator.app import handlers
+from mtp_operator.control.alert_server import serve_alerts
+from mtp_operator.control.evaluator import run_evaluator
+from mtp_operator.control.leader import LeaderElector
+from mtp_operator.control.reconciler import Reconciler
+from mtp_operator.control.rollback import RollbackActions
 from mtp_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ async def _serve_metrics(address: str, ready: asyncio.Event) -> web.AppRunner:
 
 async def run(opts: RunOptions) -> int:
     client = AsyncClient(field_manager="mtp-operator")
-    kube = Kube(client)
+    kube = KubeClient(client)
     view = handlers.KopfView()
     reconciler = Reconciler(kube, view, opts.settings)
     actions = RollbackActions(kube, view, reconciler)
@@ -103,17 +105,18 @@ async def run(opts: RunOptions) -> int:
             await elector.acquire()
         if opts.alerts_address:
             runners.append(
-                await actions.serve_alerts(
+                await serve_alerts(
                     opts.alerts_address,
                     opts.alerts_token_file,
                     opts.alerts_tls_cert,
                     opts.alerts_tls_key,
+                    actions.apply_signals,
                 )
             )
         evaluator_on = opts.settings.evaluator.enabled if opts.evaluator is None else opts.evaluator
         if evaluator_on:
             interval = opts.evaluator_interval or opts.settings.evaluator.interval_seconds
-            tasks.append(asyncio.create_task(actions.run_evaluator(interval)))
+            tasks.append(asyncio.create_task(run_evaluator(actions, interval)))
         tasks.append(
             asyncio.create_task(handlers.resync_loop(reconciler, view, handlers.RESYNC_SECONDS))
         )

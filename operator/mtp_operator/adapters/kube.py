@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - older lightkube
     from httpx import TransportError
 
 #: What a request to the API server raises besides ApiError when the server is away or slow.
-__all__ = ["Kube", "TransportError"]
+__all__ = ["KubeClient", "TransportError"]
 
 MTPInferenceResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
@@ -40,7 +40,9 @@ def _to_dict(obj: Any) -> dict[str, Any]:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
 
-class Kube:
+class KubeClient:
+    """control.ports.Kube over a lightkube AsyncClient."""
+
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
 

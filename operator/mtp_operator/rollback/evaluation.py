@@ -1,8 +1,8 @@
 """Built-in evaluator: the shipped alerts' logic over scraped counters, for clusters without
 Prometheus/Alertmanager. Pure: the caller scrapes the pool's pods, parses each exposition with
-`mtp_runtime.metrics.spec_snapshot`, and passes the snapshots and `now` in.
+`mtp_runtime.spec_decode.spec_snapshot`, and passes the snapshots and `now` in.
 
-The figures come from mtp_runtime.metrics (the same maths as the runtime's exporter and the
+The figures come from mtp_runtime.figures (the same maths as the runtime's exporter and the
 recording rules). Per pool and alert, like a Prometheus alerting rule:
 
 - fewer than minDrafts drafts in the window (or no window yet) is no data: nothing pending,
@@ -19,13 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from mtp_runtime.metrics import CounterWindow, SeriesKey, Snapshot, SpecCounters
+from mtp_runtime.figures import CounterWindow
+from mtp_runtime.spec_decode import SeriesKey, Snapshot, SpecCounters
 
 from ..api.v1alpha1 import RollbackSpec
 from .policy import crosses, resource_threshold
 from .signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, AlertSignal, PoolRef
 
-# alert → the key of mtp_runtime.metrics.figures() it watches
+# alert → the key of mtp_runtime.figures.figures() it watches
 WATCHED = {HIT_RATE_LOW: "hit_rate", ERROR_PROPAGATION_HIGH: "error_propagation_rate"}
 DEFAULT_REPEAT_SECONDS = 60.0
 
@@ -42,7 +43,7 @@ def pool_snapshot(per_pod: Mapping[str, Snapshot]) -> dict[SeriesKey, SpecCounte
 @dataclass
 class Evaluation:
     signals: list[AlertSignal]
-    figures: Mapping[str, object]  # mtp_runtime.metrics.figures() keys, over the window
+    figures: Mapping[str, object]  # mtp_runtime.figures.figures() keys, over the window
     no_data: bool
 
 

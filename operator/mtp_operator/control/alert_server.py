@@ -29,9 +29,10 @@ from typing import Any
 
 from aiohttp import web
 
-from ..rollback.signals import AlertSignal, PoolRef
-from .metrics import AlertMetrics, operator_alert_metrics
-from .webhook import PayloadError, dedupe_key, parse_webhook
+from mtp_operator.adapters.telemetry import AlertMetrics, operator_alert_metrics
+from mtp_operator.addresses import parse_address
+from mtp_operator.rollback.alertmanager import PayloadError, dedupe_key, parse_webhook
+from mtp_operator.rollback.signals import AlertSignal, PoolRef
 
 log = logging.getLogger(__name__)
 
@@ -197,15 +198,6 @@ def make_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
     return ctx
-
-
-def parse_address(address: str) -> tuple[str | None, int]:
-    """`HOST:PORT`, `[v6]:PORT` or `:PORT` (every interface) → (host, port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {address!r} is not HOST:PORT")
-    host = host.strip("[]")
-    return (host or None), int(port)
 
 
 def read_token(token_file: str) -> str:

@@ -1,6 +1,6 @@
 """Brings one MTPInference's pools in line with its spec and the cluster's GPU nodes.
 
-Reads come from in-memory views of the cluster (kopf indexes, see handlers.py), so a
+Reads come from in-memory views of the cluster (kopf indexes, see app/handlers.py), so a
 reconcile that finds nothing to do makes no API request at all; writes go through kube.Kube.
 Each resource is reconciled by one task at a time; a request that arrives while one runs
 makes it run once more, never twice in parallel.
@@ -12,47 +12,46 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from lightkube import ApiError
 
 from mtp_operator import builders
-from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
+from mtp_operator.adapters.telemetry import OPERATOR_METRICS
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
+from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
 from mtp_operator.drift import drifted_fields
-from mtp_operator.kube import TransportError
-from mtp_operator.metrics import OPERATOR_METRICS
-from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_SETTINGS_HASH
-from mtp_operator.planning import (
-    GPUNode,
-    PlanError,
-    PoolPlan,
-    fitting_products,
-    no_fit_problem,
-    plan_pool,
+from mtp_operator.events import (
+    REASON_MANUAL_CHANGE_REVERTED,
+    REASON_POOL_CREATED,
+    REASON_POOL_REMOVED,
+    REASON_POOL_UPDATED,
+    manual_change_reverted,
+    pool_created,
+    pool_removed,
+    pool_updated,
 )
-from mtp_operator.rollback.policy import format_time
-from mtp_operator.rollback.state import pool_rollback_state
+from mtp_operator.naming import ANNOTATION_SETTINGS_HASH
+from mtp_operator.planning import PoolPlan
+from mtp_operator.reconcile_plan import (
+    Applied,
+    PassPlan,
+    pass_status,
+    plan_pass,
+    product_of,
+    resource_version,
+    significant,
+)
+from mtp_operator.rollback.policy import Decision
+from mtp_operator.rollback.state import with_decisions
 from mtp_operator.settings import OperatorSettings
-from mtp_operator.status import StatusInput, build_status, observe_deployment, status_changed
-from mtp_operator.validation import problems_text, spec_problems
+from mtp_operator.status import observe_deployment, read_status, status_changed, to_wire
+from mtp_operator.validation import Problem, problems_text, spec_problems
 
 log = logging.getLogger(__name__)
-
-Key = tuple[str, str]  # (namespace, name)
-
-
-class ClusterView(Protocol):
-    """What the reconciler reads, kept current by watches (kopf indexes in production)."""
-
-    def resource(self, key: Key) -> Mapping[str, Any] | None: ...
-    def resource_keys(self) -> Iterable[Key]: ...
-    def gpu_nodes(self) -> Iterable[GPUNode]: ...
-    def pool_deployments(self, key: Key) -> Mapping[str, Mapping[str, Any]]: ...
-    def has_service(self, key: Key) -> bool: ...
-
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -63,7 +62,7 @@ class _Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dirty: bool = False
     # Our own last status write, used until the watch delivers it (never read stale state).
-    status: dict[str, Any] | None = None
+    status: MTPInferenceStatus | None = None
     status_rv: int = 0
     # Pools we applied, by GPU product, until the watch delivers them: a pass that runs before
     # a new Deployment's watch event must not create (and announce) it a second time.
@@ -85,31 +84,10 @@ STATUS_COUNTS_INTERVAL = 2.0
 RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resource
 
 
-def _significant(status: Mapping[str, Any]) -> dict[str, Any]:
-    """Status without what only counts progress: replica counts and condition messages."""
-    out = {k: v for k, v in status.items() if k not in ("conditions", "ready")}
-    out["pools"] = [
-        {k: v for k, v in p.items() if k not in ("replicas", "readyReplicas")}
-        for p in status.get("pools") or []
-    ]
-    out["conditions"] = [
-        (c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
-        for c in status.get("conditions") or []
-    ]
-    return out
-
-
-def resource_version(body: Mapping[str, Any]) -> int:
-    try:
-        return int((body.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
-
-
 class Reconciler:
     def __init__(
         self,
-        kube: Any,
+        kube: Kube,
         view: ClusterView,
         settings: OperatorSettings,
         clock: Callable[[], datetime] = utcnow,
@@ -209,138 +187,104 @@ class Reconciler:
                 log.warning("reconcile %s/%s failed: %s", key[0], key[1], result)
 
     # ---- the work ---------------------------------------------------------------------
-    def current_status(self, key: Key, body: Mapping[str, Any]) -> dict[str, Any]:
+    def current_status(self, key: Key, body: Mapping[str, Any]) -> MTPInferenceStatus:
         """The freshest status we know: the watched body's, or our own newer write."""
         slot = self.slot(key)
         if slot.status is not None and slot.status_rv > resource_version(body):
             return slot.status
-        return dict(body.get("status") or {})
+        return read_status(body.get("status"))
 
-    async def write_status(
-        self, key: Key, body: Mapping[str, Any], old: Mapping[str, Any], new: dict[str, Any]
+    async def _write_status(
+        self, key: Key, old: MTPInferenceStatus, new: MTPInferenceStatus
     ) -> None:
+        """The one status writer: patches the status subresource when `new` tells the reader
+        something `old` (what the server has) doesn't."""
         if not status_changed(old, new):
             return
         slot = self.slot(key)
         wait = slot.status_written + STATUS_COUNTS_INTERVAL - time.monotonic()
-        if wait > 0 and _significant(old) == _significant(new):
+        if wait > 0 and significant(old) == significant(new):
             self.reconcile_later(key, wait)  # counts only: written with the next change
             return
-        out = await self.kube.patch_status(key[0], key[1], new)
+        out = await self.kube.patch_status(key[0], key[1], to_wire(new))
         slot.status_written = time.monotonic()
-        slot.status = dict(out.get("status") or new)
+        slot.status = read_status(out.get("status")) if out.get("status") else new
         try:
             slot.status_rv = int(out["metadata"]["resourceVersion"])
         except (KeyError, ValueError, TypeError):
             slot.status_rv = 0
         OPERATOR_METRICS.status_writes.inc()
 
-    async def reconcile_locked(self, key: Key) -> None:
-        """One reconcile pass; the caller holds `self.slot(key).lock`."""
+    async def reconcile_locked(self, key: Key, decisions: Sequence[Decision] = ()) -> None:
+        """One reconcile pass; the caller holds `self.slot(key).lock`. `decisions` (rollback
+        decisions, from control/rollback.py) are folded into the status first, so this pass
+        plans with them and its one status write persists them."""
         body = self.view.resource(key)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return  # deleted: owner references let the garbage collector remove the pools
         OPERATOR_METRICS.reconciles.inc()
         meta = body.get("metadata") or {}
-        generation = meta.get("generation")
-        previous = self.current_status(key, body)
+        persisted = self.current_status(key, body)
+        previous = with_decisions(persisted, decisions)
         observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
-        spec, found = self._spec(key, body)
-
         now = self.clock()
-        rollback = pool_rollback_state(previous, meta, generation, now)
-        plans: list[PoolPlan] = []
-        blocked_reason = REASON_INVALID_SPEC
-        if spec is not None and not found:
-            products = fitting_products(spec, self.view.gpu_nodes())
-            if not products:
-                # Keep what serves now (a bad edit must not tear pools down); say why.
-                found, blocked_reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
-            try:
-                plans = [
-                    plan_pool(spec, p, self.settings.gpu_profiles, rollback.k_for(p))
-                    for p in products
-                ]
-            except PlanError as err:
-                found = err.problems
-
-        if found:
-            status = build_status(
-                StatusInput(
-                    name=key[1],
-                    generation=generation,
-                    previous=previous,
-                    plans=[],
-                    observed=observed,
-                    rollback_state={},
-                    settings_hashes={},
-                    problems=found,
-                    problem_reason=blocked_reason,
-                ),
-                format_time(now),
+        spec, found = self._spec(key, body)
+        plan = plan_pass(
+            spec, found, self.view.gpu_nodes(), previous, meta, self.settings.gpu_profiles, now
+        )
+        applied = Applied()
+        if not plan.problems:
+            assert plan.spec is not None
+            desired = self._desired(key, meta.get("uid", ""), plan.spec, plan.pools)
+            applied = await self.apply(key, body, desired, plan, observed_bodies)
+        status = pass_status(key[1], meta.get("generation"), plan, previous, observed, applied, now)
+        if plan.problems and status_changed(persisted, status):
+            await self.kube.event(
+                body, plan.problem_reason, problems_text(plan.problems), "Warning"
             )
-            if status_changed(previous, status):
-                await self.kube.event(body, blocked_reason, problems_text(found), "Warning")
-            await self.write_status(key, body, previous, status)
-            return
+        await self._write_status(key, persisted, status)
+        if applied.error:
+            # the caller retries (reconcile_or_retry): the API server may be briefly away
+            raise TransientReconcileError(applied.error)
 
-        assert spec is not None
-        uid = meta.get("uid", "")
-        desired = self._desired(key, uid, spec, plans)
+    async def apply(
+        self,
+        key: Key,
+        body: Mapping[str, Any],
+        desired: list[dict[str, Any]],
+        plan: PassPlan,
+        observed_bodies: Mapping[str, Mapping[str, Any]],
+    ) -> Applied:
+        """The I/O step: the Service if missing, each pool that drifted, removed pools."""
         hashes: dict[str, str] = {}
-        apply_error = None
         try:
             slot = self.slot(key)
             since = time.monotonic() - slot.service_applied
             if not self.view.has_service(key) and since > SERVICE_WATCH_GRACE:
                 await self.kube.apply(desired[0])
                 slot.service_applied = time.monotonic()
-            for obj, plan in zip(desired[1:], plans, strict=True):
-                hashes[plan.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
-                await self._apply_pool(body, obj, plan, observed_bodies.get(plan.gpu_product))
-            removed = [p for p in observed_bodies if p not in {pl.gpu_product for pl in plans}]
+            for obj, pool in zip(desired[1:], plan.pools, strict=True):
+                hashes[pool.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
+                await self._apply_pool(body, obj, pool, observed_bodies.get(pool.gpu_product))
+            removed = [p for p in observed_bodies if p not in {pl.gpu_product for pl in plan.pools}]
             for product in removed:
                 dep = observed_bodies[product]
                 await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
                 self.slot(key).pools.pop(product, None)
-                await self.kube.event(
-                    body,
-                    "PoolRemoved",
-                    f"removed pool {product}: no schedulable node of this GPU product fits "
-                    "any more, or gpuProducts no longer lists it",
-                )
+                await self.kube.event(body, REASON_POOL_REMOVED, pool_removed(product))
         except (ApiError, TransportError) as err:
             if isinstance(err, ApiError):
-                apply_error = f"{err.status.code}: {err.status.message}"
+                error = f"{err.status.code}: {err.status.message}"
             else:
-                apply_error = f"API server unreachable: {type(err).__name__} {err}".strip()
-            removed = []
-            log.warning("reconcile %s/%s failed: %s", key[0], key[1], apply_error)
+                error = f"API server unreachable: {type(err).__name__} {err}".strip()
+            log.warning("reconcile %s/%s failed: %s", key[0], key[1], error)
+            return Applied(hashes, [], error)
+        return Applied(hashes, removed)
 
-        status = build_status(
-            StatusInput(
-                name=key[1],
-                generation=generation,
-                previous=previous,
-                plans=plans,
-                observed=observed,
-                rollback_state=rollback.by_product(
-                    plans, spec.rollback, spec.speculative.mtp_layers
-                ),
-                settings_hashes=hashes,
-                apply_error=apply_error,
-                removed=removed,
-            ),
-            format_time(now),
-        )
-        status.update(rollback.status_extras())
-        await self.write_status(key, body, previous, status)
-        if apply_error:
-            # the caller retries (reconcile_or_retry): the API server may be briefly away
-            raise TransientReconcileError(apply_error)
-
-    def _spec(self, key: Key, body: Mapping[str, Any]) -> tuple[Any, Any]:
+    def _spec(
+        self, key: Key, body: Mapping[str, Any]
+    ) -> tuple[MTPInferenceSpec | None, list[Problem]]:
         """spec_problems(spec), reused while the spec is the same."""
         slot = self.slot(key)
         text = json.dumps(body.get("spec") or {}, sort_keys=True, default=str)
@@ -349,7 +293,9 @@ class Reconciler:
             slot.spec_memo = (text, spec, found)
         return slot.spec_memo[1], list(slot.spec_memo[2] or [])
 
-    def _desired(self, key: Key, uid: str, spec: Any, plans: list[PoolPlan]) -> list[dict]:
+    def _desired(
+        self, key: Key, uid: str, spec: MTPInferenceSpec, plans: list[PoolPlan]
+    ) -> list[dict[str, Any]]:
         """builders.desired_objects (pure), reused while its inputs are the same. The spec
         and each pool's K determine a plan's serve settings; the objects are never mutated."""
         slot = self.slot(key)
@@ -403,25 +349,16 @@ class Reconciler:
             if ours == theirs:
                 await self.kube.event(
                     owner,
-                    "ManualChangeReverted",
-                    f"pool {plan.gpu_product}: {', '.join(changed)} edited outside the "
-                    "operator; restored the operator's settings (change the MTPInference "
-                    "spec instead)",
+                    REASON_MANUAL_CHANGE_REVERTED,
+                    manual_change_reverted(plan.gpu_product, changed),
                     "Warning",
                 )
             else:
-                await self.kube.event(
-                    owner,
-                    "PoolUpdated",
-                    f"pool {plan.gpu_product}: K={plan.k} ({plan.source}: {plan.reason})",
-                )
+                await self.kube.event(owner, REASON_POOL_UPDATED, pool_updated(plan))
             return
         await self._write_pool(owner, plan, desired)
         await self.kube.event(
-            owner,
-            "PoolCreated",
-            f"pool {plan.gpu_product}: deployment {desired['metadata']['name']}, K={plan.k} "
-            f"({plan.source}: {plan.reason})",
+            owner, REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"])
         )
 
 
@@ -429,5 +366,4 @@ class TransientReconcileError(RuntimeError):
     """The API server refused or failed a write; retried by the caller."""
 
 
-def product_of(deployment: Mapping[str, Any]) -> str | None:
-    return ((deployment.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_GPU_PRODUCT)
+__all__ = ["Key", "Reconciler", "TransientReconcileError", "product_of", "resource_version"]

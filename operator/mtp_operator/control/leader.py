@@ -19,7 +19,7 @@ from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
-from mtp_operator.kube import TransportError
+from mtp_operator.adapters.kube import TransportError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 For clusters without Prometheus/Alertmanager (it is on by default). Every `interval` seconds
 it reads vLLM's /metrics on each Ready pod of each pool whose resource has rollback enabled,
-applies that resource's own thresholds (`evaluator_logic.PoolEvaluator`), and hands firing
+applies that resource's own thresholds (`rollback.evaluation.PoolEvaluator`), and hands firing
 signals to the same `apply_signals` the webhook uses.
 """
 
@@ -15,28 +15,12 @@ from typing import Any
 
 import aiohttp
 
-from mtp_operator.rollback.evaluator_logic import PoolEvaluator, pool_snapshot
+from mtp_operator.adapters.scrape import MAX_PARALLEL_SCRAPES, SCRAPE_TIMEOUT, scrape_pod
+from mtp_operator.rollback.evaluation import PoolEvaluator, pool_snapshot
 from mtp_operator.rollback.signals import PoolRef
 from mtp_operator.validation import spec_problems
-from mtp_runtime.metrics import ParseError, spec_snapshot
-from mtp_runtime.vllm_command import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
-
-SCRAPE_TIMEOUT = aiohttp.ClientTimeout(total=3)
-MAX_PARALLEL_SCRAPES = 32
-
-
-async def _scrape(session: aiohttp.ClientSession, ip: str, sem: asyncio.Semaphore) -> Any:
-    async with sem:
-        try:
-            async with session.get(f"http://{ip}:{DEFAULT_PORT}/metrics") as resp:
-                if resp.status != 200:
-                    return None
-                return spec_snapshot(await resp.text())
-        except (aiohttp.ClientError, TimeoutError, ParseError) as err:
-            log.debug("scrape %s failed: %s", ip, err)
-            return None
 
 
 class Evaluator:
@@ -58,17 +42,17 @@ class Evaluator:
             spec, found = spec_problems(body.get("spec") or {})
             if spec is None or found or not spec.rollback.enabled:
                 continue
-            for pool in reconciler.current_status(key, body).get("pools") or []:
-                ref = PoolRef(key[0], key[1], pool["gpuProduct"])
-                pods = view.pool_pod_ips(key, pool["gpuProduct"])
+            for pool in reconciler.current_status(key, body).pools:
+                ref = PoolRef(key[0], key[1], pool.gpu_product)
+                pods = view.pool_pod_ips(key, pool.gpu_product)
                 if pods:
-                    work.append((ref, spec.rollback, pool["numSpeculativeTokens"], pods))
+                    work.append((ref, spec.rollback, pool.num_speculative_tokens, pods))
         seen = {ref for ref, *_ in work}
         for gone in set(self.pools) - seen:
             del self.pools[gone]
 
         async def evaluate(ref: PoolRef, rollback: Any, k: int, pods: dict[str, str]):
-            scraped = await asyncio.gather(*(_scrape(session, ip, sem) for ip in pods.values()))
+            scraped = await asyncio.gather(*(scrape_pod(session, ip, sem) for ip in pods.values()))
             per_pod = {name: snap for name, snap in zip(pods, scraped, strict=True) if snap}
             if not per_pod:
                 return []

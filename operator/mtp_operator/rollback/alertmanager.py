@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..rollback.signals import ROLLBACK_ALERTS, TARGET_LABELS, AlertSignal, PoolRef
+from .signals import ROLLBACK_ALERTS, TARGET_LABELS, AlertSignal, PoolRef
 
 # Alertmanager writes this for "no end yet".
 _ZERO_TIME_YEAR = 1

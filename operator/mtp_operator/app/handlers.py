@@ -15,8 +15,9 @@ from typing import Any
 
 import kopf
 
-from mtp_operator import kopf_tweaks
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
+from mtp_operator.app import kopf_tweaks
+from mtp_operator.control.reconciler import Key, Reconciler, product_of
 from mtp_operator.naming import (
     LABEL_GPU_PRODUCT,
     LABEL_MANAGED_BY,
@@ -25,7 +26,6 @@ from mtp_operator.naming import (
     label_value,
 )
 from mtp_operator.planning import GPUNode, gpu_node_from_body
-from mtp_operator.reconciler import Key, Reconciler, product_of
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,0 @@
-"""Alertmanager webhook receiver feeding the rollback policy."""

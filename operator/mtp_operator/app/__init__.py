@@ -1,0 +1,1 @@
+"""The thin top: kopf handlers and the `mtp-operator run` process that wires the loops."""

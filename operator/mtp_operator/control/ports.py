@@ -1,0 +1,63 @@
+"""What the stateful loops need from the outside, as protocols: the Kubernetes writes
+(`Kube`, implemented by adapters/kube.KubeClient) and the watched cluster (`ClusterView`,
+implemented by app/handlers.KopfView over kopf's indexes). tests/support/fake_cluster.py
+implements both for the unit tests of control/; tests/unit/test_ports.py checks that the
+real classes and the fakes have the same methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from mtp_operator.adapters.kube import TransportError
+from mtp_operator.planning import GPUNode
+
+__all__ = ["ClusterView", "Key", "Kube", "TransportError"]
+
+Key = tuple[str, str]  # (namespace, name) of an MTPInference
+
+
+@runtime_checkable
+class Kube(Protocol):
+    """The operator's writes. Each raises lightkube's ApiError or TransportError on failure
+    (`event` logs and swallows them: an Event is a notification)."""
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply; returns the object as stored (with its resourceVersion)."""
+        ...
+
+    async def delete_deployment(self, namespace: str, name: str) -> None: ...
+
+    async def patch_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch an MTPInference's status; returns the updated object."""
+        ...
+
+    async def event(
+        self, involved: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
+    ) -> None: ...
+
+
+@runtime_checkable
+class ClusterView(Protocol):
+    """What the loops read, kept current by watches; reads make no API request."""
+
+    @property
+    def ready(self) -> bool:
+        """False until the first listing of every watched kind is in."""
+        ...
+
+    def resource(self, key: Key) -> Mapping[str, Any] | None: ...
+    def resource_keys(self) -> Iterable[Key]: ...
+    def gpu_nodes(self) -> Iterable[GPUNode]: ...
+    def pool_deployments(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
+        """The resource's pool Deployments by GPU product."""
+        ...
+
+    def pool_pod_ips(self, key: Key, product: str) -> dict[str, str]:
+        """Ready pods of one pool: {pod name: pod IP}."""
+        ...
+
+    def has_service(self, key: Key) -> bool: ...
