@@ -115,6 +115,7 @@ ENV HOME=/home/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \
     VLLM_CACHE_ROOT=/home/vllm/.cache/vllm \
     VLLM_TARGET_DEVICE=cpu \
+    MTP_RUNTIME_DEVICE=cpu \
     PYTHONUNBUFFERED=1
 WORKDIR /home/vllm
 USER 2000:0

@@ -58,6 +58,11 @@ for target in "${targets[@]}"; do
     log "$target: building $tag"
     "${BUILD[@]}" --target "$target" -t "$tag" . >&2
     log "$target: built in $((SECONDS - start)) s"
+    # superseded builds of this target (same repository and tag prefix) only take disk
+    repo=${tag%%:*} tagname=${tag#*:}
+    podman images --format '{{.Repository}}:{{.Tag}}' "$repo" | while read -r old; do
+      if [[ $old != "$tag" && ${old#*:} == "${tagname%-*}-"* ]]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
+    done
   fi
   size=$(podman image inspect --format '{{.Size}}' "$tag")
   log "$target: $tag $((size / 1000000)) MB"

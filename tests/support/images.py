@@ -118,3 +118,41 @@ def embedded_kubeconfig(source: Path, dest: Path, server: str | None = None) -> 
     dest.write_text(yaml.safe_dump(config))
     dest.chmod(0o644)
     return dest
+
+
+def tiny_model(timeout: float = 3600) -> Path:
+    """The tiny MiMo MTP model folder (`make tiny-model`: trained once, cached by its script's
+    hash; its last output line is MODEL=<path>)."""
+    out = subprocess.run(["make", "-s", "tiny-model"], cwd=REPO, capture_output=True, text=True,
+                         timeout=timeout)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("MODEL=")]
+    if out.returncode != 0 or not lines:
+        raise AssertionError(f"make tiny-model failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    return Path(lines[-1].split("=", 1)[1])
+
+
+def with_model(image: str, model: Path, path: str = "/models/tiny-mimo") -> str:
+    """`image` plus the model folder at `path` (one more layer, readable by any user), tagged by
+    both inputs; for a pool pod, which mounts nothing from the host."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(image.encode())
+    for f in sorted(p for p in model.rglob("*") if p.is_file()):
+        digest.update(str(f.relative_to(model)).encode())
+        digest.update(f.read_bytes())
+    repository = image.rsplit(":", 1)[0] + "-tiny-model"
+    tag = f"{repository}:{digest.hexdigest()[:12]}"
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        return tag
+    with tempfile.TemporaryDirectory() as ctx:
+        shutil.copytree(model, Path(ctx) / "model")
+        for p in (Path(ctx) / "model").rglob("*"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        (Path(ctx) / "Containerfile").write_text(f"FROM {image}\nCOPY model {path}\n")
+        out = subprocess.run(
+            ["buildah", "bud", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
+             "--network", "host", "-t", tag, ctx], capture_output=True, text=True, timeout=1800)
+        if out.returncode != 0:
+            raise AssertionError(f"buildah bud of {tag} failed:\n{out.stderr[-4000:]}")
+    return tag
