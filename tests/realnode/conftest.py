@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.cluster_fixtures import crd_installed  # noqa: F401
+from support.cluster_fixtures import crd_installed, start_operator  # noqa: F401
 
 
 @pytest.fixture(scope="session")
