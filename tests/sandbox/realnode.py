@@ -173,6 +173,14 @@ class RealNode:
             d.mkdir(parents=True, exist_ok=True)
         st: dict[str, Any] = {"pids": {}, "ports": {
             "kubelet": _free_port(self.ip), "kubelet-healthz": _free_port(self.ip)}}
+        # No pod network: containerd reports its network ready only with a CNI config, so it
+        # gets one naming a plugin that does not exist. hostNetwork pods never call it; any
+        # other pod fails to start with 'failed to find plugin "mtp-no-pod-network"'.
+        conf = self.dir / "cni-conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "10-mtp-no-pod-network.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "mtp-no-pod-network",
+            "plugins": [{"type": "mtp-no-pod-network"}]}))
         self._save(st)
         st["pids"]["containerd"] = self._spawn("containerd", self._containerd_cmd())
         self._save(st)
@@ -182,8 +190,20 @@ class RealNode:
         self._kubelet_files(st)
         st["pids"]["kubelet"] = self._spawn("kubelet", self._kubelet_cmd(st))
         self._save(st)
+        self._wait(lambda: self.node() is not None, timeout, f"node {self.name} registered",
+                   "kubelet")
+        self._set_address()
         self._wait(self._node_ready, timeout, f"node {self.name} Ready", "kubelet")
         return self
+
+    def _set_address(self) -> None:
+        """kubelet refuses a loopback --node-ip ("nodeIP can't be loopback address") and then
+        leaves status.addresses empty, so hostNetwork pods would get no pod IP (and no probes).
+        The address is written through the API instead; kubelet keeps what it cannot set."""
+        self.sb.api("PATCH", f"/api/v1/nodes/{self.name}/status", {"status": {"addresses": [
+            {"type": "InternalIP", "address": self.ip},
+            {"type": "Hostname", "address": self.name}]}},
+            content_type="application/strategic-merge-patch+json")
 
     def _spawn(self, name: str, cmd: list[str]) -> int:
         log = open(self.log_file(name), "ab")
@@ -398,6 +418,10 @@ state = "{self.dir / 'containerd-state'}"
         left = self.leftovers()
         if left:
             raise RealNodeError(f"left behind after stopping the real node: {left}")
+        logs = Path(self.sb.state_dir) / "logs"
+        if logs.is_dir():  # kept with the sandbox's own (logs.last/ after `down`)
+            for f in self.dir.glob("*.log"):
+                (logs / f"{self.name}-{f.name}").write_bytes(f.read_bytes())
         if self.dir.exists():
             subprocess.run(["rm", "-rf", str(self.dir)], check=False)
         if not quiet:
