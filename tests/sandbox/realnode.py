@@ -27,12 +27,10 @@ removed by stop(). Needs root (kubelet and containerd do).
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -41,66 +39,27 @@ from typing import Any
 
 import yaml
 
+from sandbox_lib.realnode_host import (
+    PAUSE_C,
+    RealNodeError,
+    alive,
+    containerd_toml,
+    free_port,
+    kubelet_config,
+    mounts_under,
+    node_cert,
+    pids_with,
+    run,
+)
+
 NODE_PREFIX = "mtp-real-"
 LABEL = "mtp-operator.io/real-node"
 TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
 TOLERATION = {"key": LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 NAMESPACE = "k8s.io"  # containerd namespace the CRI plugin uses
 CACHE = Path(os.environ.get("MTP_REALNODE_CACHE", Path.home() / ".cache/mtp-operator/realnode"))
-PAUSE_C = """#include <signal.h>
-#include <unistd.h>
-static void quit(int s) { (void)s; _exit(0); }
-int main(void) {
-  signal(SIGINT, quit); signal(SIGTERM, quit);
-  for (;;) pause();
-}
-"""
 
 
-class RealNodeError(RuntimeError):
-    pass
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _run(cmd: list[str], timeout: float = 600, check: bool = True,
-         **kw: Any) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-    if check and out.returncode != 0:
-        raise RealNodeError(f"{' '.join(cmd[:4])} ... exited {out.returncode}: "
-                            f"{out.stderr.strip()[-3000:]}")
-    return out
-
-
-def _pids_with(needle: str, names: tuple[str, ...]) -> list[int]:
-    """Live processes whose executable name is in `names` and whose command line has `needle`."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if os.path.basename(argv[0].decode(errors="replace")) in names and any(
-                needle.encode() in a for a in argv):
-            found.append(int(d.name))
-    return found
-
-
-def mounts_under(*roots: Path) -> list[str]:
-    """Mount points at or below any of `roots`, deepest first."""
-    prefixes = [str(r.resolve()) for r in roots]
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].replace("\\040", " ")
-        if any(point == p or point.startswith(p + "/") for p in prefixes):
-            points.append(point)
-    return sorted(set(points), key=lambda p: -p.count("/"))
 
 
 def stop_all(sandbox: Any, quiet: bool = False) -> None:
@@ -152,7 +111,7 @@ class RealNode:
 
     def ctr(self, *args: str, timeout: float = 600,
             check: bool = True) -> subprocess.CompletedProcess[str]:
-        return _run(["ctr", "--address", str(self.socket), "-n", NAMESPACE, *args],
+        return run(["ctr", "--address", str(self.socket), "-n", NAMESPACE, *args],
                     timeout=timeout, check=check)
 
     # -- start ----------------------------------------------------------------------------
@@ -163,7 +122,7 @@ class RealNode:
         if os.geteuid() != 0:
             raise RealNodeError("the real node needs root (kubelet, containerd)")
         for tool in ("containerd", "ctr", "runc", "gcc", "podman"):
-            if _run(["sh", "-c", f"command -v {tool}"], check=False).returncode:
+            if run(["sh", "-c", f"command -v {tool}"], check=False).returncode:
                 raise RealNodeError(f"{tool} not found: run tests/images/install_tools.sh")
         kubelet = self.sb.bin("kubelet")
         if not Path(kubelet).exists():
@@ -172,7 +131,7 @@ class RealNode:
         for d in (self.dir, self.root, self.kubelet_root, self.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         st: dict[str, Any] = {"pids": {}, "ports": {
-            "kubelet": _free_port(self.ip), "kubelet-healthz": _free_port(self.ip)}}
+            "kubelet": free_port(self.ip), "kubelet-healthz": free_port(self.ip)}}
         # No pod network: containerd reports its network ready only with a CNI config, so it
         # gets one naming a plugin that does not exist. hostNetwork pods never call it; any
         # other pod fails to start with 'failed to find plugin "mtp-no-pod-network"'.
@@ -227,35 +186,7 @@ class RealNode:
 
     def _containerd_cmd(self) -> list[str]:
         pause = self.pause_image()
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        config = f"""version = 2
-root = "{self.root}"
-state = "{self.dir / 'containerd-state'}"
-[grpc]
-  address = "{self.socket}"
-[ttrpc]
-  address = "{self.socket}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[{cri}]
-  sandbox_image = "{pause}"
-  restrict_oom_score_adj = true
-  stream_server_address = "{self.ip}"
-  stream_server_port = "0"
-  enable_selinux = false
-  [{cri}.containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [{cri}.containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [{cri}.cni]
-    bin_dir = "{self.dir / 'cni-bin'}"
-    conf_dir = "{self.dir / 'cni-conf'}"
-"""
+        config = containerd_toml(self.root, self.dir, self.socket, pause, self.ip)
         path = self.dir / "containerd.toml"
         path.write_text(config)
         return ["containerd", "--config", str(path), "--log-level", "warn"]
@@ -275,11 +206,11 @@ state = "{self.dir / 'containerd-state'}"
         if not binary.exists():
             (build / "rootfs").mkdir(parents=True, exist_ok=True)
             (build / "pause.c").write_text(PAUSE_C)
-            _run(["gcc", "-static", "-Os", "-s", "-o", str(binary), str(build / "pause.c")])
-        if _run(["podman", "image", "exists", ref], check=False).returncode:
+            run(["gcc", "-static", "-Os", "-s", "-o", str(binary), str(build / "pause.c")])
+        if run(["podman", "image", "exists", ref], check=False).returncode:
             tar = subprocess.Popen(["tar", "-C", str(build / "rootfs"), "-c", "."],
                                    stdout=subprocess.PIPE)
-            _run(["podman", "import", "--change", 'ENTRYPOINT=["/pause"]', "-", ref],
+            run(["podman", "import", "--change", 'ENTRYPOINT=["/pause"]', "-", ref],
                  stdin=tar.stdout)
             tar.wait()
         self.load_image(ref)
@@ -296,7 +227,7 @@ state = "{self.dir / 'containerd-state'}"
             return
         tmp = self.dir / "image.tar"
         try:
-            _run(["podman", "save", "--format", "docker-archive", "-o", str(tmp), ref],
+            run(["podman", "save", "--format", "docker-archive", "-o", str(tmp), ref],
                  timeout=1800)
             self.ctr("images", "import", str(tmp), timeout=1800)  # unpacked for overlayfs
         finally:
@@ -308,7 +239,7 @@ state = "{self.dir / 'containerd-state'}"
 
     def _kubelet_files(self, st: dict[str, Any]) -> None:
         pki = Path(self.sb.pki)
-        _node_cert(pki, self.dir / "kubelet-client", self.name)
+        node_cert(pki, self.dir / "kubelet-client", self.name)
         kubeconfig = {
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "sandbox", "cluster": {
@@ -320,34 +251,7 @@ state = "{self.dir / 'containerd-state'}"
             "current-context": "node",
         }
         (self.dir / "kubelet.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
-        config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "failCgroupV1": False,  # these machines have cgroup v1 (hybrid)
-            "cgroupDriver": "cgroupfs",
-            "cgroupsPerQOS": False,
-            "enforceNodeAllocatable": [],
-            "failSwapOn": False,
-            "containerRuntimeEndpoint": f"unix://{self.socket}",
-            "address": self.ip,
-            "port": st["ports"]["kubelet"],
-            "readOnlyPort": 0,
-            "healthzBindAddress": self.ip,
-            "healthzPort": st["ports"]["kubelet-healthz"],
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
-                               "x509": {"clientCAFile": str(pki / "ca.crt")}},
-            "authorization": {"mode": "AlwaysAllow"},
-            "podLogsDir": str(self.pod_logs),
-            "maxPods": 20,
-            "serializeImagePulls": False,
-            # a shared machine: never evict our pods for the host's memory or disk use
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%"},
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "localStorageCapacityIsolation": False,
-            "resolvConf": "/etc/resolv.conf",
-        }
+        config = kubelet_config(self.ip, st["ports"], pki, self.socket, self.pod_logs)
         (self.dir / "kubelet.yaml").write_text(yaml.safe_dump(config))
 
     def _kubelet_cmd(self, st: dict[str, Any]) -> list[str]:
@@ -403,15 +307,14 @@ state = "{self.dir / 'containerd-state'}"
             self._remove_containers()
         self._kill(pids.get("containerd"), "containerd")
         for name in ("containerd", "kubelet"):  # earlier runs, lost state
-            for pid in _pids_with(str(self.dir), (name,)):
+            for pid in pids_with(str(self.dir), (name,)):
                 self._kill(pid, name)
-        for pid in _pids_with(str(self.socket), ("containerd-shim-runc-v2",)):
+        for pid in pids_with(str(self.socket), ("containerd-shim-runc-v2",)):
             self._kill(pid, "containerd-shim-runc-v2")
         for point in mounts_under(self.dir, self.root):
             if subprocess.run(["umount", point], capture_output=True).returncode:
                 subprocess.run(["umount", "-l", point], capture_output=True)
-        for link in Path("/var/log/containers").glob(f"*_{self.name}_*"):
-            link.unlink(missing_ok=True)
+        self._clean_host_paths()
         with contextlib.suppress(Exception):
             if self.node() is not None:
                 self.sb.api("DELETE", f"/api/v1/nodes/{self.name}")
@@ -427,9 +330,27 @@ state = "{self.dir / 'containerd-state'}"
         if not quiet:
             print(f"[realnode] {self.name} stopped", flush=True)
 
+    def _clean_host_paths(self) -> None:
+        """kubelet also writes to fixed host paths: links to container logs in
+        /var/log/containers and its device-plugin socket; ours go (and the folders, if empty
+        and no other kubelet runs)."""
+        logs = Path("/var/log/containers")
+        for link in logs.glob("*.log") if logs.is_dir() else ():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link).startswith(str(self.pod_logs)):
+                    link.unlink()
+        if pids_with("", ("kubelet",)):
+            return
+        plugins = Path("/var/lib/kubelet/device-plugins")
+        (plugins / "kubelet.sock").unlink(missing_ok=True)
+        for d in (plugins, plugins.parent, logs, Path("/run/containerd/runc/k8s.io"),
+                  Path("/run/containerd/runc"), Path("/run/containerd/s")):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
     def leftovers(self) -> dict[str, list[Any]]:
-        procs = (_pids_with(str(self.dir), ("containerd", "kubelet"))
-                 + _pids_with(str(self.socket), ("containerd-shim-runc-v2",)))
+        procs = (pids_with(str(self.dir), ("containerd", "kubelet"))
+                 + pids_with(str(self.socket), ("containerd-shim-runc-v2",)))
         mounts = mounts_under(self.dir, self.root) if self.dir.exists() or self.root.exists() \
             else []
         return {k: v for k, v in (("processes", procs), ("mounts", mounts)) if v}
@@ -467,54 +388,11 @@ state = "{self.dir / 'containerd-state'}"
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and alive(pid):
             time.sleep(0.1)
-        if _alive(pid):
+        if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             time.sleep(0.2)
 
 
-def _alive(pid: int) -> bool:
-    """Running and not a zombie (our own children are reaped here)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] != "Z"
-
-
-def _node_cert(pki: Path, out: Path, node: str) -> None:
-    """A client certificate for the kubelet: system:node:<name> in group system:nodes (what
-    the Node authorizer and NodeRestriction expect), signed by the sandbox's CA."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    ca_cert = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), None)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = _dt.datetime.now(_dt.UTC) - _dt.timedelta(hours=1)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-                                 x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + _dt.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    out.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path = out.with_suffix(".key")
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.TraditionalOpenSSL,
-                                           serialization.NoEncryption()))
-    key_path.chmod(0o600)
