@@ -79,7 +79,15 @@ LABEL org.opencontainers.image.title="mtp-operator" \
       org.opencontainers.image.source="https://github.com/mtp-operator/mtp-operator" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=operator-build /opt/mtp-operator /opt/mtp-operator
+# A passwd entry for 65532 and HOME/USER in the environment: kopf asks for the user name
+# (getpass) and the home folder (~/.kube/config), which raise for a UID without an entry;
+# with HOME and USER set they are never looked up, so an arbitrary UID (OpenShift) works too.
+# (podman adds an entry for the running UID by itself, containerd and CRI-O do not.)
+RUN useradd --uid 65532 --user-group --no-create-home --home-dir /tmp \
+      --shell /usr/sbin/nologin mtp-operator
 ENV PATH=/opt/mtp-operator/bin:${PATH} \
+    HOME=/tmp \
+    USER=mtp-operator \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 # webhook (`alerts`) and operator metrics (`metrics`)

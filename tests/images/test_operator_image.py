@@ -13,8 +13,9 @@ import support.mtpi as mtpi
 from support.images import build, embedded_kubeconfig, run, wait_until
 from support.operator_proc import free_port
 
+# --passwd=false: no /etc/passwd entry added for the user, as under containerd or CRI-O
 HARDENED = ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-            "--label", "mtp-operator.io/test=images"]
+            "--passwd=false", "--label", "mtp-operator.io/test=images"]
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,12 @@ def test_operator_image_help_as_non_root(operator_image: str) -> None:
     ident = run(operator_image, "-c", "import os; print(os.getuid(), os.getgid())",
                 flags=["--entrypoint", "python3", *HARDENED])
     assert ident.stdout.split() == ["65532", "65532"]
+    # an arbitrary UID without a passwd entry (OpenShift): user name and home still resolve
+    # (kopf asks for both)
+    probe = "import getpass, os; print(getpass.getuser(), os.path.expanduser('~'))"
+    out = run(operator_image, "-c", probe,
+              flags=["--entrypoint", "python3", "--user", "1000700000:0", *HARDENED])
+    assert out.stdout.split() == ["mtp-operator", "/tmp"]
     # the default entrypoint is `mtp-operator run`
     out = run(operator_image, "--help", flags=HARDENED)
     assert "usage: mtp-operator run" in out.stdout

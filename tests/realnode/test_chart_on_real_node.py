@@ -160,9 +160,15 @@ def release(sandbox, kubectl, real_node, operator_image, crd_installed, tmp_path
     r = Release(sandbox, kubectl, tmp_path_factory.mktemp("chart"))
     kubectl("create", "namespace", r.apps)
     r.write_values(operator_image)
-    r.helm("install", RELEASE, str(CHART), "-f", str(r.values), "--create-namespace",
-           "--wait", "--timeout", "180s")
-    yield r
+    try:
+        r.helm("install", RELEASE, str(CHART), "-f", str(r.values), "--create-namespace",
+               "--wait", "--timeout", "180s")
+        yield r
+    finally:
+        _uninstall(r, sandbox, kubectl)
+
+
+def _uninstall(r: Release, sandbox, kubectl) -> None:
     helm("uninstall", RELEASE, "--namespace", r.ns, "--kubeconfig", str(sandbox.kubeconfig),
          "--wait", env=r.env)
     for ns in (r.apps, r.ns):
