@@ -230,15 +230,22 @@ def test_two_replicas_one_leads_and_the_other_takes_over(release: Release, kubec
         (standby,) = [p for p in release.pods() if p["metadata"]["name"] !=
                       leader["metadata"]["name"]]
 
-        kubectl("delete", "pod", leader["metadata"]["name"], "-n", release.ns,
-                "--grace-period=0", "--force")
-        wait_for(lambda: release.lease_holder() == standby["metadata"]["name"], 90,
-                 message="the standby to take the Lease over")
-        wait_for(lambda: [p["metadata"]["name"] for p in release.ready_pods()] ==
-                 [standby["metadata"]["name"]], 60, message="the new leader Ready")
-        # it acts: a new resource is reconciled by the new leader
-        mtpi.apply(kubectl, release.apps, "after-failover", speculative={"mtpLayers": 1})
-        mtpi.wait_ready(kubectl, release.apps, "after-failover", timeout=120)
+        # the leader's node takes no new pod for now, so the pod that takes over is the
+        # standby, not the Deployment's replacement for the killed one
+        leader_node = leader["spec"]["nodeName"]
+        kubectl("cordon", leader_node)
+        try:
+            kubectl("delete", "pod", leader["metadata"]["name"], "-n", release.ns,
+                    "--grace-period=0", "--force")
+            wait_for(lambda: release.lease_holder() == standby["metadata"]["name"], 90,
+                     message="the standby to take the Lease over")
+            wait_for(lambda: [p["metadata"]["name"] for p in release.ready_pods()] ==
+                     [standby["metadata"]["name"]], 60, message="the new leader Ready")
+            # it acts: a new resource is reconciled by the new leader
+            mtpi.apply(kubectl, release.apps, "after-failover", speculative={"mtpLayers": 1})
+            mtpi.wait_ready(kubectl, release.apps, "after-failover", timeout=120)
+        finally:
+            kubectl("uncordon", leader_node)
         # the Deployment replaced the killed pod, which now waits as the standby
         wait_for(lambda: len(release.pods()) == 2, 120, message="the replacement pod")
         time.sleep(10)
