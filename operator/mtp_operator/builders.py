@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mtp_operator.api.v1alpha1 import GROUP, KIND, VERSION, MTPInferenceSpec
+from mtp_operator.model_cache import EffectiveCache, volume, volume_mount
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
     ANNOTATION_GPU_PRODUCT,
@@ -47,7 +48,10 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
 
 
 def pool_config(
-    spec: MTPInferenceSpec, plan: PoolPlan, cluster_profiles: Mapping[str, int]
+    spec: MTPInferenceSpec,
+    plan: PoolPlan,
+    cluster_profiles: Mapping[str, int],
+    model_cache: EffectiveCache | None = None,
 ) -> PoolConfig:
     return PoolConfig(
         serve=plan.serve,
@@ -57,6 +61,7 @@ def pool_config(
         profiles=entries_for(spec.speculative.profiles, plan.gpu_product),
         cluster_overrides=entries_for(cluster_profiles, plan.gpu_product),
         max_speculative_tokens=spec.speculative.max_speculative_tokens,
+        model_cache=model_cache.runtime if model_cache else None,
     )
 
 
@@ -69,7 +74,13 @@ def _resources(spec: MTPInferenceSpec) -> dict[str, Any]:
     return resources
 
 
-def _pod_spec(spec: MTPInferenceSpec, plan: PoolPlan, config: PoolConfig, image: str) -> dict:
+def _pod_spec(
+    spec: MTPInferenceSpec,
+    plan: PoolPlan,
+    config: PoolConfig,
+    image: str,
+    model_cache: EffectiveCache | None = None,
+) -> dict:
     env = [{"name": ENV_VAR, "value": config.to_json()}]
     env += [{"name": k, "value": v} for k, v in sorted(build_env(plan.serve).items())]
     env += list(spec.env or [])
@@ -129,6 +140,9 @@ def _pod_spec(spec: MTPInferenceSpec, plan: PoolPlan, config: PoolConfig, image:
     }
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
+    if model_cache is not None:  # the weights outlive the pod (mtp_operator.model_cache)
+        container["volumeMounts"].append(volume_mount(model_cache))
+        pod["volumes"].append(volume(model_cache))
     if spec.host_network:
         pod["hostNetwork"] = True
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -153,10 +167,11 @@ def pool_deployment(
     plan: PoolPlan,
     default_image: str,
     cluster_profiles: Mapping[str, int] | None = None,
+    model_cache: EffectiveCache | None = None,
 ) -> dict[str, Any]:
     """The Deployment for one (resource, GPU product) pool."""
-    config = pool_config(spec, plan, cluster_profiles or {})
-    pod_spec = _pod_spec(spec, plan, config, spec.image or default_image)
+    config = pool_config(spec, plan, cluster_profiles or {}, model_cache)
+    pod_spec = _pod_spec(spec, plan, config, spec.image or default_image, model_cache)
     digest = settings_hash(pod_spec, spec.replicas)
     labels = pool_labels(name, plan.gpu_product)
     command = json.dumps(build_argv(plan.serve))
@@ -227,10 +242,12 @@ def desired_objects(
     plans: list[PoolPlan],
     default_image: str,
     cluster_profiles: Mapping[str, int] | None = None,
+    model_cache: EffectiveCache | None = None,
 ) -> list[dict[str, Any]]:
     objs = [service(name, namespace, uid)]
     objs += [
-        pool_deployment(name, namespace, uid, spec, p, default_image, cluster_profiles)
+        pool_deployment(name, namespace, uid, spec, p, default_image, cluster_profiles,
+                        model_cache)
         for p in plans
     ]
     return objs

@@ -56,7 +56,7 @@ def gpu_node_from_body(body: Mapping[str, Any]) -> GPUNode | None:
 def fitting_products(spec: MTPInferenceSpec, nodes: Iterable[GPUNode]) -> list[str]:
     """GPU products with at least one schedulable node that can hold a replica, sorted."""
     selector = spec.node_selector or {}
-    found = {
+    products = {
         n.product
         for n in nodes
         if n.schedulable
@@ -64,8 +64,8 @@ def fitting_products(spec: MTPInferenceSpec, nodes: Iterable[GPUNode]) -> list[s
         and all(n.labels.get(k) == v for k, v in selector.items())
     }
     if spec.gpu_products is not None:
-        found &= set(spec.gpu_products)
-    return sorted(found)
+        products &= set(spec.gpu_products)
+    return sorted(products)
 
 
 def no_fit_problem(spec: MTPInferenceSpec) -> Problem:
@@ -92,9 +92,9 @@ class PoolPlan:
 class PlanError(ValueError):
     """The spec cannot be served as written; `problems` are (field, message) pairs."""
 
-    def __init__(self, found: list[Problem]) -> None:
-        self.problems = found
-        super().__init__(problems_text(found))
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__(problems_text(problems))
 
 
 def k_request(spec: MTPInferenceSpec) -> KRequest:
@@ -139,9 +139,9 @@ def plan_pool(
     if rollback_k is not None and rollback_k < k:
         k, source, reason = rollback_k, "rollback", f"rolled back from K={k}"
     serve = serve_settings(spec, k)
-    found = problems(serve)
-    if found:
-        raise PlanError(found)
+    serve_problems = problems(serve)
+    if serve_problems:
+        raise PlanError(serve_problems)
     mode = "fixed" if explicit or source == "rollback" else "auto"
     return PoolPlan(product, k, source, reason, serve, mode)
 
@@ -156,13 +156,15 @@ def validate_spec(spec: MTPInferenceSpec) -> list[Problem]:
         plan_pool(spec, "validation-probe")
     except PlanError as err:
         return err.problems
-    found: list[Problem] = []
+    profile_problems: list[Problem] = []
     for key, k in sorted((spec.speculative.profiles or {}).items()):
         if k < 0:
-            found.append(Problem(f"speculative.profiles[{key}]", f"{k}: K must be 0 (off) or more"))
+            profile_problems.append(
+                Problem(f"speculative.profiles[{key}]", f"{k}: K must be 0 (off) or more")
+            )
             continue
         try:
             plan_pool(spec, key)
         except PlanError as err:
-            found += [p for p in err.problems if p not in found]
-    return found
+            profile_problems += [p for p in err.problems if p not in profile_problems]
+    return profile_problems

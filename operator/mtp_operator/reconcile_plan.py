@@ -59,20 +59,20 @@ def plan_pass(
     now: datetime,
 ) -> PassPlan:
     """The pools a resource should have now (spec, GPU nodes, rollback pins in status)."""
-    found = list(problems)
+    blocking = list(problems)
     rollback = pool_rollback_state(previous, metadata, metadata.get("generation"), now)
     reason = REASON_INVALID_SPEC
     plans: list[PoolPlan] = []
-    if spec is not None and not found:
+    if spec is not None and not blocking:
         products = fitting_products(spec, nodes)
         if not products:
             # Keep what serves now (a bad edit must not tear pools down); say why.
-            found, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
+            blocking, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
         try:
             plans = [plan_pool(spec, p, gpu_profiles, rollback.k_for(p)) for p in products]
         except PlanError as err:
-            found = list(err.problems)
-    return PassPlan(spec, plans, found, reason, rollback)
+            blocking = list(err.problems)
+    return PassPlan(spec, plans, blocking, reason, rollback)
 
 
 def pass_status(

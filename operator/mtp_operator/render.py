@@ -1,7 +1,8 @@
 """Offline rendering: the objects the operator would create for a resource (like `helm template`).
 
 No cluster is read, so the GPU products come from `--gpu-product`, else from the resource's
-`gpuProducts`, else the sandbox's four products.
+`gpuProducts`, else the cards the built-in K table was set from (the field report's A100,
+H100 and L40S: `mtp_runtime.gpu_profiles.FIELD_REPORT_PRODUCTS`).
 """
 
 from __future__ import annotations
@@ -11,18 +12,14 @@ from typing import Any
 
 import yaml
 
-from mtp_operator import builders
+from mtp_operator import builders, model_cache
 from mtp_operator.planning import PlanError, plan_pool
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.validation import spec_problems
+from mtp_runtime.gpu_profiles import FIELD_REPORT_PRODUCTS
 from mtp_runtime.problems import problems_text
 
-DEFAULT_PRODUCTS = (
-    "NVIDIA-A100-SXM4-80GB",
-    "NVIDIA-H100-80GB-HBM3",
-    "NVIDIA-H200",
-    "NVIDIA-L40S",
-)
+DEFAULT_PRODUCTS = FIELD_REPORT_PRODUCTS
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
@@ -42,9 +39,11 @@ def render_resource(
     name = meta.get("name")
     if not name:
         raise RenderError("metadata.name: required")
-    spec, found = spec_problems(doc.get("spec") or {})
-    if found or spec is None:
-        raise RenderError(problems_text(found, _spec_field))
+    spec, problems = spec_problems(doc.get("spec") or {})
+    if spec is not None and not problems:  # no cluster here: claims are not looked up
+        problems = model_cache.cache_problems(spec, settings.model_cache)
+    if problems or spec is None:
+        raise RenderError(problems_text(problems, _spec_field))
     chosen = list(products or spec.gpu_products or DEFAULT_PRODUCTS)
     try:
         plans = [plan_pool(spec, p, settings.gpu_profiles) for p in chosen]
@@ -58,6 +57,7 @@ def render_resource(
         plans,
         settings.default_image,
         settings.gpu_profiles,
+        model_cache.effective(spec, settings.model_cache),
     )
 
 

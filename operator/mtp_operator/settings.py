@@ -4,6 +4,9 @@ Read from a YAML file (the chart mounts it from a ConfigMap) and overridden by C
     defaultImage: ghcr.io/mtp-operator/mtp-runtime:0.1.0
     gpuProfiles: {NVIDIA-H100-80GB-HBM3: 5, L40S: 1}   # cluster-wide K overrides
     evaluator: {enabled: true, intervalSeconds: 15}
+    modelCache:                                        # for resources without spec.modelCache
+      default: {persistentVolumeClaim: {claimName: model-cache}}
+      allowedHostPaths: [/var/lib/mtp-models]          # folders hostPath caches may use
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from mtp_operator import __version__
+from mtp_operator.api.v1alpha1 import ModelCacheSpec
 
 DEFAULT_RUNTIME_IMAGE = f"ghcr.io/mtp-operator/mtp-runtime:{__version__}"
 
@@ -28,10 +32,26 @@ class EvaluatorSettings(_Settings):
     interval_seconds: float = Field(15.0, gt=0)
 
 
+class ModelCacheSettings(_Settings):
+    # the cache of resources without spec.modelCache (None: no cache)
+    default: ModelCacheSpec | None = None
+    # hostPath caches must be these folders or below them; empty: no hostPath cache allowed
+    allowed_host_paths: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_host_paths")
+    @classmethod
+    def _absolute(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path.startswith("/") or ".." in path.split("/"):
+                raise ValueError(f"{path!r}: must be an absolute path without `..`")
+        return paths
+
+
 class OperatorSettings(_Settings):
     default_image: str = DEFAULT_RUNTIME_IMAGE
     gpu_profiles: dict[str, int] = Field(default_factory=dict)
     evaluator: EvaluatorSettings = Field(default_factory=EvaluatorSettings)
+    model_cache: ModelCacheSettings = Field(default_factory=ModelCacheSettings)
 
 
 class SettingsFileError(ValueError):

@@ -30,6 +30,11 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "spec"
 
 
+def _message(msg: str) -> str:
+    # a model's own check (e.g. modelCache's "exactly one of") arrives as "Value error, ..."
+    return msg.removeprefix("Value error, ")
+
+
 def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None, list[Problem]]:
     """Parse and check a spec: (spec, []) or (spec or None, [(field, message), ...])."""
     if not isinstance(raw_spec, Mapping):
@@ -37,6 +42,6 @@ def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None,
     try:
         spec = MTPInferenceSpec.model_validate(dict(raw_spec))
     except ValidationError as err:
-        found = {Problem(_field(e["loc"]), e["msg"]) for e in err.errors()}
-        return None, sorted(found)
+        problems = {Problem(_field(e["loc"]), _message(e["msg"])) for e in err.errors()}
+        return None, sorted(problems)
     return spec, validate_spec(spec)

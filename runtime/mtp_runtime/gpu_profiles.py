@@ -20,7 +20,8 @@ from typing import Literal
 DEFAULT_K = 3
 
 # Pool `source` values, as reported in MTPInference status.pools[].source.
-Source = Literal["profile", "override", "cap", "rollback", "off"]
+# Why a pool has its K (status.pools[].source, the CRD enum; the operator re-exports it).
+PoolSource = Literal["profile", "override", "cap", "rollback", "off"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ DEFAULT_PROFILES: tuple[GPUProfile, ...] = (
     GPUProfile("A10", 2, "as A10G"),
     GPUProfile("T4", 1, "Turing inference card with little compute: one token at most"),
 )
+
+# The cards the field report measured (the table's first three rows), as GPU Feature
+# Discovery names them: what `mtp-operator render` plans pools for when it is told no product.
+FIELD_REPORT_PRODUCTS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S")
 
 _SUFFIXES = re.compile(r"(-MIG-.*|-SHARED)$", re.IGNORECASE)
 
@@ -143,7 +148,7 @@ class KRequest:
 @dataclass(frozen=True)
 class KResolution:
     k: int
-    source: Source
+    source: PoolSource
     reason: str
 
 

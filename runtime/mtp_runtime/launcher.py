@@ -14,7 +14,9 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from mtp_runtime.engine import LogTail
 from mtp_runtime.gpu_detect import GPUInfo
+from mtp_runtime.model_cache import ModelCache
 from mtp_runtime.pool_config import PoolConfig, same_product
 from mtp_runtime.vllm_command import ServeSettings, build_argv, build_env
 
@@ -29,6 +31,7 @@ class LaunchPlan:
     gpu: dict[str, object]
     k: dict[str, object]
     mismatch: bool
+    model_cache: ModelCache | None = None  # the pool's cache volume (None: no cache)
 
     def to_dict(self) -> dict[str, object]:
         """What `mtp-runtime print-args` prints: exactly argv, env, gpu, k."""
@@ -71,6 +74,7 @@ def plan(config: PoolConfig, gpu: GPUInfo) -> LaunchPlan:
         gpu=gpu_info,
         k=k_info,
         mismatch=mismatch,
+        model_cache=config.model_cache,
     )
 
 
@@ -104,11 +108,13 @@ def run_child(
     signals: Iterable[signal.Signals] = FORWARDED_SIGNALS,
     on_signal: Callable[[int], None] | None = None,
     on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    tail: LogTail | None = None,
 ) -> int:
     """Run `argv` as a child; forward `signals` to it; return its exit status.
 
     The child gets its own session so a terminal's Ctrl-C reaches it once (through us), not
-    twice. Raises FileNotFoundError when argv[0] cannot be found.
+    twice. With `tail`, the child's stdout and stderr pass through pipes to ours and `tail`
+    keeps their last lines. Raises FileNotFoundError when argv[0] cannot be found.
     """
     proc: subprocess.Popen[bytes] | None = None
     pending: list[int] = []  # signals that came before the child existed
@@ -128,8 +134,12 @@ def run_child(
     try:
         for sig in signals:
             previous[sig] = signal.signal(sig, forward)
+        pipe = subprocess.PIPE if tail is not None else None
         proc = subprocess.Popen(list(argv), env=dict(env) if env is not None else None,
-                                start_new_session=True)
+                                start_new_session=True, stdout=pipe, stderr=pipe)
+        if tail is not None:
+            tail.pump(proc.stdout, 1)
+            tail.pump(proc.stderr, 2)
         for signum in pending:
             proc.send_signal(signum)
         if on_start is not None:
@@ -141,6 +151,8 @@ def run_child(
         if proc is not None and proc.poll() is None:  # leaving on an exception: no orphan
             proc.kill()
             proc.wait()
+        if tail is not None:
+            tail.join()
     return exit_status(returncode)
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from mtp_runtime.gpu_profiles import KRequest, KResolution, base_product, resolve_k
+from mtp_runtime.model_cache import ModelCache
 from mtp_runtime.vllm_command import ServeSettings
 
 ENV_VAR = "MTP_RUNTIME_CONFIG"
@@ -27,16 +28,27 @@ class PoolConfig:
     profiles: dict[str, int] = field(default_factory=dict)
     cluster_overrides: dict[str, int] = field(default_factory=dict)
     max_speculative_tokens: int | None = None
+    # the cache volume (None: no cache); left out of the JSON when None, so pools without a
+    # cache keep the configuration, and the pod template, they had before caches existed
+    model_cache: ModelCache | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        data = asdict(self)
+        if data["model_cache"] is None:
+            del data["model_cache"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> PoolConfig:
         data = json.loads(text)
         serve = data.pop("serve")
         serve["extra_args"] = tuple(serve.get("extra_args") or ())
-        return cls(serve=ServeSettings(**serve), **data)
+        cache = data.pop("model_cache", None)
+        return cls(
+            serve=ServeSettings(**serve),
+            model_cache=None if cache is None else ModelCache(**cache),
+            **data,
+        )
 
     def for_gpu(self, detected_product: str) -> tuple[ServeSettings, KResolution | None]:
         """The settings to run on `detected_product`.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -98,18 +99,27 @@ def test_auto_k_per_gpu_and_steady_state_makes_no_writes(kubectl, namespace, ope
         assert command[-1] == json.dumps({"method": "mtp", "num_speculative_tokens": k},
                                          separators=(",", ":"))
 
-    time.sleep(3)  # let the last status/deployment events settle
-    writes = operator.metric("mtp_operator_deployment_writes_total")
-    status_writes = operator.metric("mtp_operator_status_writes_total")
-    passes = operator.metric("mtp_operator_reconciles_total")
-    time.sleep(10)
+    def counters() -> tuple[float, ...]:
+        return tuple(operator.metric(f"mtp_operator_{n}_total")
+                     for n in ("deployment_writes", "status_writes", "reconciles"))
+
+    # the last pool status events handled: no pass for 2 s (passes are counted when done)
+    seen: list[tuple[float, tuple[float, ...]]] = []
+
+    def quiet() -> bool:
+        seen.append((time.monotonic(), counters()))
+        changed = [u for (_, c), (u, d) in itertools.pairwise(seen) if c != d]
+        return seen[-1][0] - max(changed, default=seen[0][0]) >= 2
+
+    wait_for(quiet, 30, interval=0.5, message="no reconcile for 2 s")
+    writes, status_writes, passes = counters()
+    time.sleep(10)  # the measurement: 10 s of nothing changing
     assert operator.metric("mtp_operator_deployment_writes_total") == writes
     assert operator.metric("mtp_operator_status_writes_total") == status_writes
     # reconciling again on an unchanged object changes nothing
     kubectl("annotate", "mtpi", "auto", "-n", namespace, "example.com/touch=1")
     wait_for(lambda: operator.metric("mtp_operator_reconciles_total") > passes, 20,
-             message="a reconcile after the annotation")
-    time.sleep(2)
+             message="a reconcile after the annotation (counted when done)")
     assert operator.metric("mtp_operator_deployment_writes_total") == writes
     assert operator.metric("mtp_operator_status_writes_total") == status_writes
 

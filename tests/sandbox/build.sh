@@ -13,7 +13,10 @@ HELM_BUILD="${HELM_VERSION}-kv"
 CACHE="${MTP_SANDBOX_CACHE:-$HOME/.cache/mtp-operator/sandbox}"
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
 
-log() { printf '[sandbox-build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# Progress lines go to the caller's stderr (fd 3); the Go tool's own output (hundreds of
+# "go: downloading ..." lines on a cold build) goes to a log file per build, shown on failure.
+exec 3>&2
+log() { printf '[sandbox-build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&3; }
 
 # The cache directory for the Kubernetes binaries keeps its historical name
 # kube-apiserver-<version> although it holds kube-apiserver, kube-controller-manager,
@@ -37,11 +40,13 @@ build_cached() {
   local tmp; tmp=$(mktemp -d "$CACHE/tmp.XXXXXX")
   TMPDIRS+=("$tmp")
   local start=$SECONDS
-  log "building $name $version (cold build; this takes minutes)"
+  mkdir -p "$CACHE/logs"; BUILD_LOG="$CACHE/logs/$name-$version.log"; : >"$BUILD_LOG"
+  log "building $name $version (cold build; this takes minutes; Go output: $BUILD_LOG)"
   # a heartbeat, since compiling kube-apiserver prints nothing for minutes
-  ( while sleep 30; do log "  ... still building $name ($((SECONDS - start)) s)"; done ) &
+  ( exec 9>&-; while sleep 30; do log "  ... still building $name ($((SECONDS - start)) s)"; done ) &
   BEAT=$! BUILDING="$name $version"
-  "$fn" "$tmp" "$version" "${files[@]}"  # not in an `if`: errexit must stay in force inside
+  # not in an `if`: errexit must stay in force inside the function
+  "$fn" "$tmp" "$version" "${files[@]}" >>"$BUILD_LOG" 2>&1
   kill "$BEAT" 2>/dev/null; wait "$BEAT" 2>/dev/null || true
   BEAT="" BUILDING=""
   chmod 755 "$tmp" && rm -rf "$out" && mkdir -p "$(dirname "$out")" && mv "$tmp" "$out"
@@ -115,12 +120,15 @@ build_helm() {  # $2 is the cache key HELM_BUILD; the module version is HELM_VER
 }
 
 mkdir -p "$CACHE/bin"
-TMPDIRS=() BEAT="" BUILDING=""
+TMPDIRS=() BEAT="" BUILDING="" BUILD_LOG=""
 on_exit() {
   local rc=$?
   if [[ -n $BEAT ]]; then kill "$BEAT" 2>/dev/null || true; fi
   if ((${#TMPDIRS[@]})); then rm -rf "${TMPDIRS[@]}"; fi
-  if [[ $rc -ne 0 && -n $BUILDING ]]; then log "ERROR: building $BUILDING failed (exit $rc)"; fi
+  if [[ $rc -ne 0 && -n $BUILDING ]]; then
+    log "ERROR: building $BUILDING failed (exit $rc); the end of $BUILD_LOG:"
+    tail -n 40 "$BUILD_LOG" >&3 || true
+  fi
 }
 trap on_exit EXIT
 # one build at a time per cache (two checkouts or CI jobs may share it); a warm run that finds

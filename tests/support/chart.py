@@ -28,6 +28,7 @@ CLUSTER_RULES: frozenset[tuple[str, str, str]] = frozenset(
     + [("", "services", v) for v in ("list", "watch", "create", "patch")]
     + [("", "nodes", v) for v in ("list", "watch")]
     + [("", "pods", v) for v in ("list", "watch")]
+    + [("", "persistentvolumeclaims", v) for v in ("list", "watch")]
     + [("", "events", "create")]
 )
 LEASE_RULES: frozenset[tuple[str, str, str]] = frozenset(

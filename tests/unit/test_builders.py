@@ -39,6 +39,7 @@ from mtp_operator.naming import (
 from mtp_operator.planning import plan_pool
 from mtp_operator.render import PLACEHOLDER_UID, render_resource
 from mtp_operator.settings import OperatorSettings
+from mtp_runtime.model_cache import ModelCache
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 from mtp_runtime.vllm_command import build_argv
 
@@ -48,7 +49,7 @@ GOLDEN = REPO / "tests" / "fixtures" / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
 PRODUCTS = ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L40S"]
-GOLDEN_EXAMPLES = ["qwen3.6-27b", "deepseek-v3-auto"]
+GOLDEN_EXAMPLES = ["qwen3.6-27b", "deepseek-v3-auto", "deepseek-v3-cached"]
 # A fixed image, so that releasing a new version doesn't change the golden files.
 SETTINGS = OperatorSettings(default_image="ghcr.io/mtp-operator/mtp-runtime:golden")
 
@@ -62,6 +63,7 @@ EXPECTED_K = {
         "NVIDIA-L40S": (2, "profile"),
     },
 }
+EXPECTED_K["deepseek-v3-cached"] = EXPECTED_K["deepseek-v3-auto"]  # the same, plus a cache
 SEED_ARGV = [
     "vllm", "serve", "Qwen/Qwen3.6-27B", "--port", "8000", "--tensor-parallel-size", "8",
     "--max-model-len", "262144", "--reasoning-parser", "qwen3",
@@ -214,6 +216,18 @@ def test_rendered_pool(stem: str, product: str) -> None:
         assert env["VLLM_USE_MODELSCOPE"] == "true"
     else:
         assert "VLLM_USE_MODELSCOPE" not in env
+
+    # the model cache: the claim's volume at the fixed path, and the runtime told so
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    if spec.model_cache is None:
+        assert "model-cache" not in volumes and "model-cache" not in mounts
+        assert config.model_cache is None and '"model_cache"' not in env[ENV_VAR]
+    else:
+        claim = spec.model_cache.persistent_volume_claim
+        assert claim is not None and mounts["model-cache"] == "/model-cache"
+        assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": claim.claim_name}
+        assert config.model_cache == ModelCache("/model-cache", "persistentVolumeClaim", False)
 
 
 def test_seed_example_runs_the_seed_command() -> None:

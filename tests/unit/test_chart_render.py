@@ -362,3 +362,35 @@ def test_names_follow_the_release() -> None:
     assert find(objects, "Deployment")["metadata"]["name"] == "prod-mtp-operator"
     objects = render(release="prod")
     assert find(objects, "Deployment")["metadata"]["name"] == "prod-mtp-operator"
+
+
+def test_model_cache_values_reach_the_settings_file(tmp_path) -> None:
+    default = yaml.safe_load(
+        find(render(), "ConfigMap", "mtp-operator-settings")["data"]["settings.yaml"])
+    assert OperatorSettings.model_validate(default).model_cache.default is None
+    values = tmp_path / "cache.yaml"
+    values.write_text(yaml.safe_dump({"modelCache": {
+        "default": {"persistentVolumeClaim": {"claimName": "weights"}, "readOnly": True},
+        "allowedHostPaths": ["/var/lib/mtp-models"],
+    }}))
+    objects = render(values=[str(values)])
+    text = find(objects, "ConfigMap", "mtp-operator-settings")["data"]["settings.yaml"]
+    cache = OperatorSettings.model_validate(yaml.safe_load(text)).model_cache
+    assert cache.allowed_host_paths == ["/var/lib/mtp-models"]
+    assert cache.default is not None and cache.default.read_only
+    assert cache.default.persistent_volume_claim is not None
+    assert cache.default.persistent_volume_claim.claim_name == "weights"
+
+
+@pytest.mark.parametrize("bad", [
+    {"default": {"persistentVolumeClaim": {"claimName": "a"}, "hostPath": {"path": "/x"}}},
+    {"default": {"readOnly": True}},
+    {"default": {"hostPath": {"path": "relative"}}},
+    {"default": {"nfs": {"server": "x"}}},
+    {"allowedHostPaths": ["relative"]},
+])
+def test_model_cache_values_schema_refuses_bad_values(tmp_path, bad) -> None:
+    values = tmp_path / "bad.yaml"
+    values.write_text(yaml.safe_dump({"modelCache": bad}))
+    out = helm(*template_args(values=[str(values)]))
+    assert out.returncode != 0 and "modelCache" in out.stderr, out.stderr

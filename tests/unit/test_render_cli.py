@@ -15,6 +15,7 @@ import yaml
 from mtp_operator import cli
 from mtp_operator.api.crd import crd_yaml
 from mtp_operator.render import DEFAULT_PRODUCTS, RenderError, render_documents
+from mtp_runtime.gpu_profiles import DEFAULT_PROFILES, product_family
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = REPO / "examples" / "qwen3.6-27b.yaml"
@@ -83,13 +84,16 @@ def test_crd_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert _main(capsys, "crd") == (0, crd_yaml(), "")
 
 
-def test_render_every_sandbox_product_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+def test_render_the_field_report_gpus_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = _main(capsys, "render", "-f", str(SEED))
     assert (rc, err) == (0, "")
     objs = list(yaml.safe_load_all(out))
-    assert [o["kind"] for o in objs] == ["Service"] + ["Deployment"] * 4
+    assert [o["kind"] for o in objs] == ["Service"] + ["Deployment"] * 3
     products = [o["metadata"]["annotations"]["mtp-operator.io/gpu-product"] for o in objs[1:]]
     assert products == list(DEFAULT_PRODUCTS)
+    # the cards of the table's field-report rows, nothing the sandbox chose
+    assert [product_family(p) for p in products] == ["A100", "H100", "L40S"]
+    assert [p.reason for p in DEFAULT_PROFILES[:3]] == ["field report"] * 3
 
 
 def test_render_follows_gpu_products(capsys: pytest.CaptureFixture[str]) -> None:

@@ -72,4 +72,9 @@ gpuProfiles:
 evaluator:
   enabled: {{ .Values.evaluator.enabled }}
   intervalSeconds: {{ .Values.evaluator.intervalSeconds }}
+modelCache:
+{{- with .Values.modelCache.default }}
+  default: {{ toJson . }}
+{{- end }}
+  allowedHostPaths: {{ toJson (.Values.modelCache.allowedHostPaths | default list) }}
 {{- end -}}

@@ -15,7 +15,9 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 class OperatorMetrics:
     reconciles: Counter = field(
         default_factory=lambda: Counter(
-            "mtp_operator_reconciles_total", "Reconcile passes run.", registry=REGISTRY
+            "mtp_operator_reconciles_total",
+            "Reconcile passes done (counted at the end of each).",
+            registry=REGISTRY,
         )
     )
     deployment_writes: Counter = field(

@@ -84,6 +84,7 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         "format",
         "maxItems",
         "maxProperties",
+        "pattern",
     ):
         if key in schema:
             out[key] = schema[key]
@@ -133,6 +134,13 @@ def _spec_schema() -> dict[str, Any]:
     props["maxModelLen"]["x-kubernetes-validations"] = _INT_OR_STRING_RULES["maxModelLen"]
     spec_props["profiles"]["x-kubernetes-validations"] = _SPEC_RULES["profiles"]
     props["extraArgs"]["x-kubernetes-validations"] = _SPEC_RULES["extraArgs"]
+    cache = props["modelCache"]
+    cache["x-kubernetes-validations"] = api.MODEL_CACHE_CEL
+    cache["properties"]["hostPath"]["properties"]["path"]["x-kubernetes-validations"] = (
+        api.HOST_PATH_CEL
+    )
+    # `none: {}` is an empty object (like emptyDir: {}), not a free-form map
+    cache["properties"]["none"].pop("x-kubernetes-preserve-unknown-fields", None)
     spec["x-kubernetes-validations"] = api.SPEC_CEL_RULES
     return spec
 

@@ -16,7 +16,6 @@ from typing import Any
 import kopf
 
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
-from mtp_operator.app import kopf_tweaks
 from mtp_operator.control.reconciler import Key, Reconciler, product_of
 from mtp_operator.naming import (
     LABEL_GPU_PRODUCT,
@@ -50,6 +49,7 @@ class KopfView:
         self.deployments: Any = None
         self.services: Any = None
         self.pods: Any = None
+        self.claims: Any = None
 
     @property
     def ready(self) -> bool:
@@ -62,6 +62,7 @@ class KopfView:
             self.deployments = kwargs["pool_deployment_index"]
             self.services = kwargs["service_index"]
             self.pods = kwargs["pool_pod_index"]
+            self.claims = kwargs["claim_index"]
 
     def resource(self, key: Key) -> Mapping[str, Any] | None:
         for body in self.resources.get(key, ()):
@@ -89,6 +90,10 @@ class KopfView:
 
     def has_service(self, key: Key) -> bool:
         return bool(list(self.services.get(key, ())))
+
+    def has_claim(self, namespace: str, name: str) -> bool:
+        """A PersistentVolumeClaim exists (spec.modelCache.persistentVolumeClaim)."""
+        return bool(list(self.claims.get((namespace, name), ())))
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: KopfView) -> None:
@@ -127,6 +132,10 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         key = (namespace, labels.get(LABEL_RESOURCE), labels[LABEL_GPU_PRODUCT])
         return {key: (name, status["podIP"])}
 
+    @kopf.index("v1", "persistentvolumeclaims", id="claim_index", registry=registry)
+    def claim_index(namespace: str, name: str, **_: Any) -> dict:
+        return {(namespace, name): True}
+
     @kopf.on.event(*mtpi, registry=registry)
     async def resource_changed(event: dict, namespace: str, name: str, **kw: Any) -> None:
         view.bind(kw)
@@ -148,6 +157,15 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         if key:
             reconciler.pool_seen(key, body)
             await reconciler.reconcile_or_retry(key)
+
+
+    @kopf.on.event("v1", "persistentvolumeclaims", registry=registry)
+    async def claim_changed(event: dict, namespace: str, **kw: Any) -> None:
+        # a model cache's claim appeared or went away: its resources are checked again
+        view.bind(kw)
+        if event.get("type") in ("ADDED", "DELETED", None):
+            keys = [k for k in view.resource_keys() if k[0] == namespace]
+            await asyncio.gather(*(reconciler.reconcile_or_retry(k) for k in keys))
 
 
 async def resync_loop(reconciler: Reconciler, view: KopfView, interval: float) -> None:
@@ -186,7 +204,6 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # objects of one kind (64 pool Deployments or pods) the operator deadlocks before its first
     # reconcile (kopf issue #1243). Workers are idle asyncio tasks, cheap at thousands.
     settings.queueing.worker_limit = None
-    kopf_tweaks.apply()  # start-up: O(n) instead of O(n^2) wake-ups while indexing
     # kopf builds every event's "essence" (a deep copy of the body, minus status) to diff it
     # for on.create/update/resume handlers and daemons. There are none here (see the module
     # doc), so nothing is built or stored: about a fifth of the operator's CPU at scale.

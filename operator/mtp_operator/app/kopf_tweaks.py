@@ -11,35 +11,61 @@ the set's state (`ToggleSet.wait_for`), and single toggles still notify on their
 
 from __future__ import annotations
 
+import inspect
 import logging
+from types import ModuleType
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-_APPLIED = False
+PATCHED = "_mtp_operator_patched"
+# kopf's own ToggleSet methods, kept when the patch is installed (tests compare with them)
+ORIGINALS: dict[str, Any] = {}
 
 
-def apply() -> None:
-    """Patch kopf's ToggleSet once; a kopf without the expected internals is left alone."""
-    global _APPLIED
-    if _APPLIED:
-        return
-    try:
-        from kopf._cogs.aiokits import aiotoggles
-    except ImportError:  # pragma: no cover - kopf reorganised
-        return
+def _mismatch(aiotoggles: ModuleType) -> str | None:
+    """Why kopf's internals are not what the patch was written for (None: they are)."""
     cls = getattr(aiotoggles, "ToggleSet", None)
     toggle_cls = getattr(aiotoggles, "Toggle", None)
-    if cls is None or toggle_cls is None or not hasattr(cls, "drop_toggles"):
-        return  # pragma: no cover
+    if cls is None or toggle_cls is None:
+        return "kopf._cogs.aiokits.aiotoggles has no ToggleSet/Toggle"
+    wanted = ("make_toggle", "drop_toggle", "drop_toggles", "is_on")
+    missing = [n for n in wanted if not hasattr(cls, n)]
+    if missing:
+        return f"ToggleSet lacks {', '.join(missing)}"
+    try:
+        probe = cls(all)
+    except Exception as err:
+        return f"ToggleSet(all) failed: {err!r}"
+    if not hasattr(probe, "_condition") or not isinstance(getattr(probe, "_toggles", None), set):
+        return "ToggleSet has no _condition or no _toggles set"
+    if "condition" not in inspect.signature(toggle_cls).parameters:
+        return "Toggle takes no condition"
+    return None
+
+
+def apply(aiotoggles: ModuleType | None = None) -> bool:
+    """Patch kopf's ToggleSet (once); True when the patch is in place. A kopf whose
+    internals differ is left alone, with a warning: the operator works, only its start-up
+    with many objects is slower."""
+    if aiotoggles is None:
+        try:
+            from kopf._cogs.aiokits import aiotoggles
+        except ImportError:
+            log.warning("kopf_tweaks: kopf._cogs.aiokits.aiotoggles is gone; kopf left unpatched")
+            return False
+    cls = getattr(aiotoggles, "ToggleSet", None)
+    if cls is not None and getattr(cls, PATCHED, False):
+        return True
+    why = _mismatch(aiotoggles)
+    if why is not None:
+        log.warning("kopf_tweaks: kopf internals changed (%s); kopf left unpatched", why)
+        return False
+    assert cls is not None
+    toggle_cls = aiotoggles.Toggle
     originals = {n: getattr(cls, n) for n in ("make_toggle", "drop_toggle", "drop_toggles")}
 
-    def usable(ts: Any) -> bool:
-        return hasattr(ts, "_condition") and isinstance(getattr(ts, "_toggles", None), set)
-
     async def make_toggle(self: Any, __val: bool = False, *, name: str | None = None) -> Any:
-        if not usable(self):
-            return await originals["make_toggle"](self, __val, name=name)
         toggle = toggle_cls(__val, name=name, condition=self._condition)
         async with self._condition:
             before = self.is_on()
@@ -49,8 +75,6 @@ def apply() -> None:
         return toggle
 
     async def drop_toggles(self: Any, toggles: Any) -> None:
-        if not usable(self):
-            return await originals["drop_toggles"](self, toggles)
         async with self._condition:
             before = self.is_on()
             self._toggles.difference_update(toggles)
@@ -58,11 +82,13 @@ def apply() -> None:
                 self._condition.notify_all()
 
     async def drop_toggle(self: Any, toggle: Any) -> None:
-        if not usable(self):
-            return await originals["drop_toggle"](self, toggle)
         await drop_toggles(self, [toggle])
 
     cls.make_toggle = make_toggle
     cls.drop_toggle = drop_toggle
     cls.drop_toggles = drop_toggles
-    _APPLIED = True
+    setattr(cls, PATCHED, True)
+    if aiotoggles.__name__ == "kopf._cogs.aiokits.aiotoggles":
+        ORIGINALS.update(originals)
+    log.info("kopf_tweaks: ToggleSet wakes its waiters only when the set's state changes")
+    return True

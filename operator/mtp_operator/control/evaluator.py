@@ -17,6 +17,7 @@ import aiohttp
 
 from mtp_operator.adapters.scrape import MAX_PARALLEL_SCRAPES, SCRAPE_TIMEOUT, scrape_pod
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
+from mtp_operator.control.rollback import RollbackActions
 from mtp_operator.rollback.evaluation import PoolEvaluator, pool_snapshot
 from mtp_operator.rollback.signals import PoolRef
 from mtp_operator.validation import spec_problems
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class Evaluator:
-    def __init__(self, actions: Any) -> None:
+    def __init__(self, actions: RollbackActions) -> None:
         self.actions = actions
         self.pools: dict[PoolRef, PoolEvaluator] = {}
 
@@ -40,8 +41,8 @@ class Evaluator:
             body = view.resource(key)
             if body is None:
                 continue
-            spec, found = spec_problems(body.get("spec") or {})
-            if spec is None or found or not spec.rollback.enabled:
+            spec, problems = spec_problems(body.get("spec") or {})
+            if spec is None or problems or not spec.rollback.enabled:
                 continue
             for pool in reconciler.current_status(key, body).pools:
                 ref = PoolRef(key[0], key[1], pool.gpu_product)
@@ -71,7 +72,7 @@ class Evaluator:
         return len(signals)
 
 
-async def run_evaluator(actions: Any, interval: float) -> None:
+async def run_evaluator(actions: RollbackActions, interval: float) -> None:
     evaluator = Evaluator(actions)
     async with aiohttp.ClientSession(timeout=SCRAPE_TIMEOUT) as session:
         while True:

