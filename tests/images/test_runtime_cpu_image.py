@@ -60,7 +60,9 @@ def test_runtime_cpu_image_serves_the_tiny_model(runtime_image: str, container) 
     config["serve"]["port"] = vllm_port
     c = container(runtime_image,
                   ["serve", "--exporter-port", str(exporter_port), "--scrape-interval", "1"],
-                  flags=["-v", f"{model}:{MODEL_PATH}:ro",
+                  # vLLM's shared-memory ring buffer needs 160 MiB; podman's default /dev/shm is
+                  # 64 MiB (a pool pod mounts a memory emptyDir there)
+                  flags=["--shm-size", "1g", "-v", f"{model}:{MODEL_PATH}:ro",
                          "-e", f"MTP_RUNTIME_CONFIG={json.dumps(config)}",
                          "--label", "mtp-operator.io/test=images"])
     base = f"http://127.0.0.1:{vllm_port}"
