@@ -10,13 +10,15 @@ STAMP  := $(VENV)/.installed-stamp
 # importlib mode: test files in different folders may share a basename (test_examples.py)
 PYTEST := $(PY) -m pytest
 
-.PHONY: help install build-sandbox monitoring lua sandbox sandbox-down sandbox-status test test-unit \
-        lint crds demo bench engine tiny-model bench-engine bench-cache
+.PHONY: help install build-sandbox monitoring lua install-tools images sandbox \
+        sandbox-down sandbox-status test test-unit lint crds demo bench engine tiny-model \
+        bench-engine bench-cache
 
 help:
 	@echo "make install        .venv with mtp-operator[dev] (editable)"
 	@echo "make sandbox        local control plane + kwok GPU nodes; last line KUBECONFIG=..."
 	@echo "make sandbox-down   stop the sandbox"
+	@echo "make images         operator + CPU runtime images with buildah (local Debian base)"
 	@echo "make test           install everything (Python, Go builds, Prometheus, Lua) and run all tests"
 	@echo "make test-unit      unit tests only (no sandbox)"
 	@echo "make lint           ruff"
@@ -52,6 +54,13 @@ monitoring:
 lua:
 	@bash tests/sandbox/install_lua.sh
 
+# podman, buildah, runc, debootstrap, containerd from Debian (images and the real node)
+install-tools:
+	@bash tests/images/install_tools.sh
+
+images: install-tools
+	@bash tests/images/build.sh
+
 sandbox: install build-sandbox
 	@$(PY) tests/sandbox/sandbox.py up
 
@@ -61,7 +70,7 @@ sandbox-down:
 sandbox-status:
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tests/sandbox/sandbox.py status
 
-test: install build-sandbox monitoring lua engine tiny-model
+test: install build-sandbox monitoring lua install-tools engine tiny-model
 	MTP_TEST_ALL_TOOLS=1 $(PYTEST) $(PYTEST_ARGS)
 
 test-unit: install

@@ -1,7 +1,8 @@
 """Shared fixtures and markers.
 
 Markers are applied by directory: tests/unit -> unit, tests/cluster -> cluster, tests/e2e -> e2e,
-tests/contract -> contract, tests/engine -> engine.
+tests/contract -> contract, tests/engine -> engine, tests/images -> images,
+tests/realnode -> realnode.
 Only tests that use the `sandbox` fixture (directly or through kubeconfig/kubectl/namespace)
 start the local control plane, so `pytest tests/unit` needs no Go build.
 
@@ -42,7 +43,7 @@ sys.path.insert(0, str(TESTS / "sandbox"))
 sys.path.insert(0, str(TESTS))  # tests/support is importable as `support`
 
 _DIR_MARKERS = {"unit": "unit", "cluster": "cluster", "e2e": "e2e", "contract": "contract",
-                "engine": "engine"}
+                "engine": "engine", "images": "images", "realnode": "realnode"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -145,6 +145,9 @@ def _pod_spec(
     if model_cache is not None:  # the weights outlive the pod (mtp_operator.model_cache)
         container["volumeMounts"].append(volume_mount(model_cache))
         pod["volumes"].append(volume(model_cache))
+    if spec.host_network:
+        pod["hostNetwork"] = True
+        pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     return pod
 
 

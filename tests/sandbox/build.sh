@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds the sandbox's binaries from Go modules and caches them outside the clone, keyed by
-# version: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes),
-# etcd, kwok and helm. A warm run only checks the cache and returns in well under a second.
+# version: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet
+# (k8s.io/kubernetes), etcd, kwok and helm. A warm run only checks the cache and returns in well under a second.
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+# bumped when a binary's build flags change, so a warm cache from older flags is rebuilt
+HELM_BUILD="${HELM_VERSION}-kv"
 CACHE="${MTP_SANDBOX_CACHE:-$HOME/.cache/mtp-operator/sandbox}"
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
 
@@ -20,6 +22,8 @@ log() { printf '[sandbox-build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&3; }
 # kube-apiserver-<version> although it holds kube-apiserver, kube-controller-manager,
 # kube-scheduler and kubectl.
 KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# kubelet (the sandbox's one real node, tests/sandbox/realnode.py) has its own cache directory
+# kubelet-<version>, so adding it did not invalidate caches of the others.
 
 complete() {  # complete DIR FILE...: every FILE is an executable (or a directory) in DIR
   local dir=$1 f; shift
@@ -30,6 +34,7 @@ complete() {  # complete DIR FILE...: every FILE is an executable (or a director
 # already holds every FILE; the result is moved into place only when FUNC succeeded.
 build_cached() {
   local name=$1 version=$2 fn=$3 out="$CACHE/bin/$1-$2"; shift 3
+  local files=("$@")
   if complete "$out" "$@"; then return 0; fi
   command -v go >/dev/null || { log "ERROR: go not found on PATH (Go >= 1.26 needed)"; exit 1; }
   local tmp; tmp=$(mktemp -d "$CACHE/tmp.XXXXXX")
@@ -41,22 +46,25 @@ build_cached() {
   ( exec 9>&-; while sleep 30; do log "  ... still building $name ($((SECONDS - start)) s)"; done ) &
   BEAT=$! BUILDING="$name $version"
   # not in an `if`: errexit must stay in force inside the function
-  "$fn" "$tmp" "$version" >>"$BUILD_LOG" 2>&1
+  "$fn" "$tmp" "$version" "${files[@]}" >>"$BUILD_LOG" 2>&1
   kill "$BEAT" 2>/dev/null; wait "$BEAT" 2>/dev/null || true
   BEAT="" BUILDING=""
   chmod 755 "$tmp" && rm -rf "$out" && mkdir -p "$(dirname "$out")" && mv "$tmp" "$out"
   log "built $name $version in $((SECONDS - start)) s -> $out"
 }
 
-build_kube() {  # the wrapper module replaces every staging module k8s.io/kubernetes pins at v0.0.0
-  local out=$1 version=$2 mod; mod=$(mktemp -d)
+# build_kube OUT VERSION CMD...: the wrapper module replaces every staging module
+# k8s.io/kubernetes pins at v0.0.0
+build_kube() {
+  local out=$1 version=$2 mod; mod=$(mktemp -d); shift 2
+  local cmds=("$@")
   local staging="v0.${version#v1.}"
   local kmod; kmod=$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
   {
     echo "module mtp-operator.io/sandbox/kube"; echo; echo "go 1.26.0"; echo
     echo "require k8s.io/kubernetes $version"; echo
     echo "tool ("
-    for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do echo "	k8s.io/kubernetes/cmd/$c"; done
+    for c in "${cmds[@]}"; do echo "	k8s.io/kubernetes/cmd/$c"; done
     echo ")"; echo; echo "replace ("
     grep -E '^\s+k8s\.io/[a-z0-9-]+ v0\.0\.0$' "$kmod" | awk -v v="$staging" '{print "\t" $1 " => " $1 " " v}'
     echo ")"
@@ -68,7 +76,7 @@ build_kube() {  # the wrapper module replaces every staging module k8s.io/kubern
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
   (cd "$mod" && log "resolving k8s.io/kubernetes $version modules" && go mod tidy >&2)
-  for c in "${KUBE_BINS[@]}"; do
+  for c in "${cmds[@]}"; do
     log "  compiling $c"
     (cd "$mod" && go build -trimpath -ldflags "$ld" -o "$out/$c" "k8s.io/kubernetes/cmd/$c")
   done
@@ -91,12 +99,23 @@ build_kwok() {
   mkdir -p "$out/stages" && cp -r "$src"/. "$out/stages/" && chmod -R u+w "$out/stages"
 }
 
-build_helm() {
-  local out=$1 version=$2 mod; mod=$(mktemp -d)
+# Like Helm's own Makefile: the Kubernetes version a client-only `helm template` assumes
+# (.Capabilities.KubeVersion, checked against a chart's kubeVersion) is client-go's minor + 1.x
+# from Helm's go.mod (client-go v0.37.0 -> v1.37.0), set by ldflags; without them it is v1.20.
+build_helm() {  # $2 is the cache key HELM_BUILD; the module version is HELM_VERSION
+  local out=$1 version=$HELM_VERSION mod; mod=$(mktemp -d)
   local major=${version#v}; major=${major%%.*}
-  printf 'module mtp-operator.io/sandbox/helm\n\ngo 1.26.0\n\ntool helm.sh/helm/v%s/cmd/helm\n' "$major" > "$mod/go.mod"
-  (cd "$mod" && go get "helm.sh/helm/v$major@$version" >&2 && go mod tidy >&2 &&
-     go build -trimpath -ldflags "-s -w -X helm.sh/helm/v$major/internal/version.version=$version" -o "$out/helm" "helm.sh/helm/v$major/cmd/helm")
+  local pkg="helm.sh/helm/v$major"
+  printf 'module mtp-operator.io/sandbox/helm\n\ngo 1.26.0\n\ntool %s/cmd/helm\n' "$pkg" > "$mod/go.mod"
+  (cd "$mod" && go get "$pkg@$version" >&2 && go mod tidy >&2)
+  local cg; cg=$(cd "$mod" && go list -m -f '{{.Version}}' k8s.io/client-go)  # v0.37.0
+  cg=${cg#v}; local kmajor=$(( ${cg%%.*} + 1 )) kminor=${cg#*.}; kminor=${kminor%%.*}
+  local ld="-s -w -X $pkg/internal/version.version=$version -X $pkg/internal/version.metadata="
+  ld+=" -X $pkg/internal/version.gitTreeState=clean"
+  for p in "$pkg/pkg/lint/rules" "$pkg/pkg/chartutil"; do
+    ld+=" -X $p.k8sVersionMajor=$kmajor -X $p.k8sVersionMinor=$kminor"
+  done
+  (cd "$mod" && go build -trimpath -ldflags "$ld" -o "$out/helm" "$pkg/cmd/helm")
   rm -rf "$mod"
 }
 
@@ -117,8 +136,9 @@ trap on_exit EXIT
 all_cached() {
   complete "$CACHE/bin/etcd-$ETCD_VERSION" etcd &&
     complete "$CACHE/bin/kwok-$KWOK_VERSION" kwok stages &&
-    complete "$CACHE/bin/helm-$HELM_VERSION" helm &&
-    complete "$CACHE/bin/kube-apiserver-$KUBE_VERSION" "${KUBE_BINS[@]}"
+    complete "$CACHE/bin/helm-$HELM_BUILD" helm &&
+    complete "$CACHE/bin/kube-apiserver-$KUBE_VERSION" "${KUBE_BINS[@]}" &&
+    complete "$CACHE/bin/kubelet-$KUBE_VERSION" kubelet
 }
 if ! all_cached; then
   exec 9>"$CACHE/build.lock"
@@ -127,16 +147,18 @@ fi
 total=$SECONDS
 build_cached etcd "$ETCD_VERSION" build_etcd etcd
 build_cached kwok "$KWOK_VERSION" build_kwok kwok stages
-build_cached helm "$HELM_VERSION" build_helm helm
+build_cached helm "$HELM_BUILD" build_helm helm
 build_cached kube-apiserver "$KUBE_VERSION" build_kube "${KUBE_BINS[@]}"
+build_cached kubelet "$KUBE_VERSION" build_kube kubelet
 # one directory of links, so callers need a single PATH entry
 mkdir -p "$CACHE/current"
 ln -sfn "$CACHE/bin/etcd-$ETCD_VERSION/etcd" "$CACHE/current/etcd"
 ln -sfn "$CACHE/bin/kwok-$KWOK_VERSION/kwok" "$CACHE/current/kwok"
 ln -sfn "$CACHE/bin/kwok-$KWOK_VERSION/stages" "$CACHE/current/kwok-stages"
-ln -sfn "$CACHE/bin/helm-$HELM_VERSION/helm" "$CACHE/current/helm"
+ln -sfn "$CACHE/bin/helm-$HELM_BUILD/helm" "$CACHE/current/helm"
 for c in "${KUBE_BINS[@]}"; do
   ln -sfn "$CACHE/bin/kube-apiserver-$KUBE_VERSION/$c" "$CACHE/current/$c"
 done
+ln -sfn "$CACHE/bin/kubelet-$KUBE_VERSION/kubelet" "$CACHE/current/kubelet"
 if (( SECONDS - total > 1 )); then log "all sandbox binaries ready in $((SECONDS - total)) s"; fi
 echo "$CACHE/current"

@@ -248,6 +248,13 @@ class Sandbox(Components):
     def _down_locked(self, quiet: bool = False) -> None:
         st = self.state()
         errors = []
+        if (self.state_dir / "realnode").exists():  # their pods go while the apiserver runs
+            import realnode
+
+            try:
+                realnode.stop_all(self, quiet=quiet)
+            except Exception as e:
+                errors.append(f"real node: {e}")
         for c in reversed(COMPONENTS):
             info = st.get("pids", {}).get(c)
             if info:

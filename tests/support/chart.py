@@ -14,7 +14,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "mtp-operator"
-KUBE_VERSION = "1.36.3"  # the sandbox's; helm's built-in default (1.20) is below our kubeVersion
+KUBE_VERSION = "1.36.3"  # the sandbox's, so renders match the cluster the tests install into
 SANDBOX_BIN = Path(
     os.environ.get("MTP_SANDBOX_CACHE", Path.home() / ".cache" / "mtp-operator" / "sandbox")
 ) / "current"

@@ -6,8 +6,9 @@ Lua 5.1 and 5.4 interpreters that the `lupa` package embeds (real Lua, compiled 
 reference sources; `pip install lupa`), and, when `lua5.4` is on PATH (Debian package `lua5.4`),
 also in that stand-alone interpreter, with the object passed as a Lua literal we write here.
 
-Fixtures (tests/fixtures/argocd/*.yaml): `object` (an MTPInference as the API returns it) and
-`expected` ({status, message}).
+Fixtures (tests/fixtures/argocd/*.yaml): `object` (an MTPInference as the API returns it),
+`expected` ({status, message}) and `kstatus` (Flux's verdict). tests/contract/test_gitops_tools.py
+runs the same fixtures under gopher-lua itself and under Flux's kstatus library.
 """
 
 from __future__ import annotations
@@ -120,3 +121,24 @@ def test_docs_document_the_argocd_cm_key() -> None:
     text = OPERATIONS.read_text()
     assert CM_KEY in text
     assert "files/argocd-health.lua" in text
+
+
+WITH_CONDITIONS = [
+    p for p in FIXTURES if (_fixture(p)["object"].get("status") or {}).get("conditions")]
+
+
+@pytest.mark.parametrize("fixture", WITH_CONDITIONS, ids=[p.stem for p in WITH_CONDITIONS])
+def test_fixtures_carry_the_operators_kstatus_conditions(fixture: Path) -> None:
+    """Reconciling and Stalled in each fixture are what the operator writes beside its own
+    conditions (conditions.with_kstatus), so the kstatus checks in tests/contract judge what
+    the operator really sets."""
+    from mtp_operator import conditions as c
+
+    conds = {x["type"]: x for x in _fixture(fixture)["object"]["status"]["conditions"]}
+    stalled = conds[c.DEGRADED]["reason"] in (c.REASON_INVALID_SPEC, c.REASON_NO_FITTING_NODES)
+    wanted = [c.Want(t, conds[t]["status"] == "True", conds[t]["reason"], conds[t]["message"])
+              for t in (c.PROGRESSING, c.DEGRADED)]
+    for want in c.with_kstatus(wanted, stalled=stalled)[2:]:
+        got = conds[want.type]
+        assert (got["status"], got["reason"], got["message"]) == (
+            "True" if want.status else "False", want.reason, want.message), want.type

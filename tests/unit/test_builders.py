@@ -370,6 +370,15 @@ def test_resources_tolerations_env_and_node_selector_from_the_spec() -> None:
     assert pod["nodeSelector"] == {"pool": "inference"}
 
 
+def test_host_network_only_when_asked() -> None:
+    pod = _deployment(_spec(), "NVIDIA-H200")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    deploy = _deployment(_spec(hostNetwork=True), "NVIDIA-H200")
+    pod = deploy["spec"]["template"]["spec"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert _hash(deploy) != _hash(_deployment(_spec(), "NVIDIA-H200"))  # a settings change
+
+
 @pytest.mark.parametrize("resources", [None, {}, {"limits": None}, {"requests": None}])
 def test_gpu_limit_set_whatever_the_resources_say(resources: dict[str, Any] | None) -> None:
     spec = _spec(tensorParallelSize=2, resources=resources)

@@ -146,6 +146,7 @@ def test_defaults() -> None:
         "modelSource": "huggingface",
         "replicas": 1,
         "tensorParallelSize": 1,
+        "hostNetwork": False,
         "speculative": {},
         "rollback": {},
     }

@@ -4,6 +4,7 @@ lightkube raises them) must not cost the leader its lease; another holder on the
 from __future__ import annotations
 
 import asyncio
+import os
 from datetime import UTC, datetime
 
 import httpx2
@@ -42,3 +43,14 @@ def test_keep_rides_out_an_api_outage_and_stops_when_another_replica_holds_the_l
     elector = LeaderElector(client, "ns", identity="me", renew_seconds=0.01)  # type: ignore[arg-type]
     asyncio.run(asyncio.wait_for(elector.keep(), 5))
     assert client.calls == 4
+
+
+def test_identity_is_the_pod_name_when_set(monkeypatch) -> None:
+    """hostNetwork replicas share the host name and are both PID 1: only POD_NAME tells them
+    apart."""
+    from mtp_operator.control.leader import default_identity
+
+    monkeypatch.setenv("POD_NAME", "mtp-operator-7d9f-abcde")
+    assert default_identity() == "mtp-operator-7d9f-abcde"
+    monkeypatch.delenv("POD_NAME")
+    assert default_identity().endswith(f"-{os.getpid()}")

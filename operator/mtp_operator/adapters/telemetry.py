@@ -49,6 +49,15 @@ class OperatorMetrics:
             registry=REGISTRY,
         )
     )
+    evaluator_scrapes: Counter = field(
+        default_factory=lambda: Counter(
+            "mtp_operator_evaluator_scrapes_total",
+            "The built-in evaluator's scrapes of pool pods' vLLM /metrics, by result "
+            "(ok, failed).",
+            ["namespace", "mtpinference", "gpu_product", "result"],
+            registry=REGISTRY,
+        )
+    )
     signal_to_patch: Histogram = field(
         default_factory=lambda: Histogram(
             "mtp_operator_rollback_seconds",

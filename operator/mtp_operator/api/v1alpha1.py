@@ -309,6 +309,12 @@ class MTPInferenceSpec(_Model):
     tolerations: list[dict[str, Any]] | None = Field(
         None, max_length=MAX_TOLERATIONS, description="Pod tolerations."
     )
+    host_network: bool = Field(
+        False,
+        description="Run the pool pods in the node's network namespace (ports 8000 and 9400 "
+        "are then taken on the node: one replica per node), for clusters without a pod "
+        "network.",
+    )
     resources: dict[str, Any] | None = Field(
         None, description="Container resources; `nvidia.com/gpu` is set from tensorParallelSize."
     )

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
-from collections.abc import Awaitable
+import os
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,6 +134,20 @@ class _NotFoundWithoutTraceback(logging.Filter):
         return True
 
 
+def in_cluster_server(info: kopf.ConnectionInfo,
+                      environ: Mapping[str, str]) -> kopf.ConnectionInfo:
+    """kopf's ServiceAccount login always names https://kubernetes.default.svc, which needs
+    cluster DNS; client-go and lightkube take the API server from KUBERNETES_SERVICE_HOST and
+    _PORT, which the kubelet sets in every pod. Both clients of this process use that address
+    when it is there (hostNetwork pods without cluster DNS, a chart's extraEnv override)."""
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return info
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    return dataclasses.replace(info, server=f"https://{host}:{port}")
+
+
 async def run(opts: RunOptions) -> int:
     for name in ("kopf._core.reactor.orchestration", "kopf._core.reactor.running"):
         logging.getLogger(name).addFilter(_NotFoundWithoutTraceback())
@@ -146,7 +162,10 @@ async def run(opts: RunOptions) -> int:
     @kopf.on.login(registry=registry)
     def _login(**kwargs: object) -> kopf.ConnectionInfo | None:
         # In a pod: the ServiceAccount; elsewhere: KUBECONFIG, as lightkube does.
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        info = kopf.login_with_service_account(**kwargs)
+        if info is not None:
+            return in_cluster_server(info, os.environ)
+        return kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     def _configure(settings: kopf.OperatorSettings, **_: object) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from mtp_operator.adapters.scrape import MAX_PARALLEL_SCRAPES, SCRAPE_TIMEOUT, scrape_pod
+from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.control.rollback import RollbackActions
 from mtp_operator.rollback.evaluation import PoolEvaluator, pool_snapshot
 from mtp_operator.rollback.signals import PoolRef
@@ -54,6 +55,10 @@ class Evaluator:
 
         async def evaluate(ref: PoolRef, rollback: Any, k: int, pods: dict[str, str]):
             scraped = await asyncio.gather(*(scrape_pod(session, ip, sem) for ip in pods.values()))
+            for snap in scraped:
+                OPERATOR_METRICS.evaluator_scrapes.labels(
+                    ref.namespace, ref.mtpinference, ref.gpu_product,
+                    "ok" if snap else "failed").inc()
             per_pod = {name: snap for name, snap in zip(pods, scraped, strict=True) if snap}
             if not per_pod:
                 return []

@@ -25,7 +25,10 @@ log = logging.getLogger(__name__)
 
 
 def default_identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """The pod's name (POD_NAME, set by the chart from the downward API), else host-pid. Not
+    the host name alone: pods with hostNetwork share the node's host name, and each is PID 1
+    in its own container, so two replicas on one host would hold the Lease as one."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _expired(lease: Lease, now: datetime) -> bool:

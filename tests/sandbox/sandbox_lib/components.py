@@ -119,7 +119,8 @@ class Components(SandboxBase):
                 str(self.bin("kwok")),
                 f"--kubeconfig={kcfg / 'kwok.conf'}",
                 f"--config={d / 'kwok.yaml'}",
-                "--manage-all-nodes=true",
+                # every node but the real ones (realnode.py), whose kubelets are real
+                "--manage-nodes-with-label-selector=!mtp-operator.io/real-node",
                 f"--cidr={self.pod_cidr}",
                 f"--node-ip={NODE_IP}",
                 "--node-lease-duration-seconds=40",

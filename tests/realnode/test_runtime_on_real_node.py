@@ -1,0 +1,112 @@
+"""A real runtime pod: an MTPInference pool pinned to the sandbox's real node runs the CPU
+runtime image (`make images`, plus the tiny MTP model in one more layer), starts real vLLM,
+turns Ready through the readiness probe the operator sets (GET /health on `http`), serves
+completions, and the operator's built-in evaluator scrapes it.
+
+The real node stands in for a GPU node the way the operator sees one: a `nvidia.com/gpu.product`
+label and `nvidia.com/gpu` capacity, advertised through the node's status as an extended
+resource (no device plugin). The image sets MTP_RUNTIME_DEVICE=cpu, so the runtime takes the
+GPU from the pool configuration and runs the CPU engine.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+
+import pytest
+
+import support.mtpi as mtpi
+from realnode import LABEL, TOLERATION
+from support.cluster_fixtures import get_json, wait_for
+from support.images import build, tiny_model, with_model
+from support.mtpi import metric
+
+PRODUCT = "CPU-VLLM"
+MODEL_PATH = "/models/tiny-mimo"
+PORTS = (8000, 9400)  # the pool's http and metrics ports, on the node (hostNetwork)
+
+
+@pytest.fixture
+def cpu_gpu_node(real_node, kubectl):
+    """The real node labelled and sized like a one-GPU node of product CPU-VLLM."""
+    for port in PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                pytest.fail(f"port {port} is taken on this host: a hostNetwork pool needs it")
+    kubectl("label", "node", real_node.name, f"nvidia.com/gpu.product={PRODUCT}", "--overwrite")
+    patch = {"status": {"capacity": {"nvidia.com/gpu": "1"}}}
+    kubectl("patch", "node", real_node.name, "--subresource=status", "--type=merge",
+            "-p", json.dumps(patch))
+    wait_for(lambda: get_json(kubectl, "node", real_node.name)["status"]["allocatable"]
+             .get("nvidia.com/gpu") == "1", 30, message="allocatable nvidia.com/gpu: 1")
+    yield real_node
+    kubectl("label", "node", real_node.name, "nvidia.com/gpu.product-", check=False)
+    kubectl("patch", "node", real_node.name, "--subresource=status", "--type=json", "-p",
+            json.dumps([{"op": "remove", "path": "/status/capacity/nvidia.com~1gpu"}]),
+            check=False)
+
+
+def test_pool_on_the_real_node_runs_real_vllm(cpu_gpu_node, kubectl, namespace,
+                                              start_operator) -> None:
+    from engine import traffic  # tests/engine/traffic.py
+
+    image = with_model(build("runtime-cpu"), tiny_model(), MODEL_PATH)
+    cpu_gpu_node.load_image(image)
+    op = start_operator("--namespace", namespace, "--evaluator", "--evaluator-interval", "2")
+    mtpi.apply(kubectl, namespace, "tiny", model=MODEL_PATH, image=image, hostNetwork=True,
+               gpuProducts=[PRODUCT], nodeSelector={LABEL: "true"}, tolerations=[TOLERATION],
+               maxModelLen=96, resources={"requests": {"cpu": "100m", "memory": "512Mi"}},
+               speculative={"numSpeculativeTokens": 2, "mtpLayers": 1})
+    obj = mtpi.wait_ready(kubectl, namespace, "tiny", timeout=420)
+    (pool,) = obj["status"]["pools"]
+    assert (pool["gpuProduct"], pool["numSpeculativeTokens"], pool["readyReplicas"]) == (
+        PRODUCT, 2, 1)
+    (pod,) = get_json(kubectl, "pods", "-n", namespace, "-l",
+                      "mtp-operator.io/mtpinference=tiny")["items"]
+    assert pod["spec"]["nodeName"] == cpu_gpu_node.name
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["ready"] and status["restartCount"] == 0, status
+    probe = pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/health", "http")
+
+    base = f"http://{pod['status']['podIP']}:{PORTS[0]}"
+    with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:
+        served = json.loads(r.read())["data"][0]["id"]
+    for prompt in traffic.prompts("predictable", 4, seed=2):
+        req = urllib.request.Request(
+            base + "/v1/completions", data=json.dumps(traffic.request_body(prompt, served))
+            .encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert json.loads(r.read())["choices"]
+    # vLLM in the pod ran with the pool's K: two draft tokens per draft
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    drafts = _sum(text, "vllm:spec_decode_num_drafts_total")
+    assert drafts > 0 and _sum(text, "vllm:spec_decode_num_draft_tokens_total") == 2 * drafts
+    # the built-in evaluator scrapes the pod's /metrics
+    wait_for(lambda: metric(op, "mtp_operator_evaluator_scrapes_total", namespace=namespace,
+                            gpu_product=PRODUCT, result="ok") >= 2, 30,
+             message="the evaluator's scrapes of the pool pod")
+    # the container's own log (kubelet's files): mtp-runtime launched vLLM with K=2
+    launches = [json.loads(line[line.index("{"):]) for line in
+                cpu_gpu_node.pod_log(namespace, pod["metadata"]["name"]).splitlines()
+                if '"event": "launch"' in line]
+    assert launches and launches[0]["k"] == 2, launches
+
+    kubectl("delete", "mtpi", "tiny", "-n", namespace)
+    wait_for(lambda: not get_json(kubectl, "pods", "-n", namespace)["items"], 150,
+             message="the pool pod gone")
+    wait_for(lambda: not cpu_gpu_node.ctr("tasks", "ls", "-q").stdout.split(), 60,
+             message="no container left on the real node")
+
+
+def _sum(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

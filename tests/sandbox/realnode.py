@@ -1,0 +1,398 @@
+"""One real node beside the sandbox's kwok nodes: kubelet (built by build.sh) with containerd
+and runc from Debian, for tests that must run real containers (the chart's operator pod, a
+runtime pod with real vLLM).
+
+    node = RealNode(sandbox)           # state in <sandbox state>/realnode/mtp-real-0
+    node.start()                       # registers node `mtp-real-0`, Ready; idempotent
+    node.load_image("localhost/x:tag") # podman's image -> containerd (kept across runs)
+    node.stop()                        # pods, kubelet, containerd, shims, mounts: all gone
+    RealNode(sandbox, 1)               # a second one, `mtp-real-1` on 127.0.0.2
+    stop_all(sandbox)                  # every real node of this sandbox (sandbox down does it)
+
+Node i has the IP 127.0.0.(i+1): hostNetwork pods share the host's network namespace, so two
+pods on two real nodes can listen on the same port only on their own node's IP.
+
+The node carries the label `mtp-operator.io/real-node=true` and the taint
+`mtp-operator.io/real-node=true:NoSchedule`, so only pods that tolerate it land there; kwok
+leaves it alone (the sandbox's kwok manages nodes without that label). No CNI: only
+`hostNetwork: true` pods run, on 127.0.0.1 like everything else here. Pause image: a static
+`pause()` program built with gcc and imported (no registry is reachable).
+
+containerd's root (its content store and snapshots) is kept in
+~/.cache/mtp-operator/realnode/<hash of the state dir>/ so a large image is imported once, not
+on every run; its state (sockets, running tasks) and kubelet's root are under the state dir and
+removed by stop(). Needs root (kubelet and containerd do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sandbox_lib.realnode_host import (
+    PAUSE_C,
+    RealNodeError,
+    alive,
+    containerd_toml,
+    free_port,
+    kubelet_config,
+    mounts_under,
+    node_cert,
+    pids_with,
+    run,
+)
+
+NODE_PREFIX = "mtp-real-"
+LABEL = "mtp-operator.io/real-node"
+TAINT = {"key": LABEL, "value": "true", "effect": "NoSchedule"}
+TOLERATION = {"key": LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+NAMESPACE = "k8s.io"  # containerd namespace the CRI plugin uses
+CACHE = Path(os.environ.get("MTP_REALNODE_CACHE", Path.home() / ".cache/mtp-operator/realnode"))
+
+
+
+
+def stop_all(sandbox: Any, quiet: bool = False) -> None:
+    """Stops every real node this sandbox started (their folders under <state>/realnode)."""
+    base = Path(sandbox.state_dir) / "realnode"
+    errors = []
+    for d in sorted(base.glob(f"{NODE_PREFIX}*")) if base.exists() else ():
+        try:
+            RealNode(sandbox, int(d.name[len(NODE_PREFIX):])).stop(quiet=quiet)
+        except (RealNodeError, ValueError, OSError) as e:
+            errors.append(f"{d.name}: {e}")
+    if errors:
+        raise RealNodeError("; ".join(errors))
+    if base.exists() and not any(base.iterdir()):
+        base.rmdir()
+
+
+class RealNode:
+    def __init__(self, sandbox: Any, index: int = 0) -> None:
+        self.sb = sandbox
+        self.index = index
+        self.name = f"{NODE_PREFIX}{index}"
+        self.ip = f"127.0.0.{index + 1}"
+        self.dir = Path(sandbox.state_dir) / "realnode" / self.name
+        key = hashlib.sha256(str(Path(sandbox.state_dir).resolve()).encode()).hexdigest()[:12]
+        self.root = CACHE / key / self.name / "containerd-root"
+        self.socket = self.dir / "containerd.sock"
+        self.kubelet_root = self.dir / "kubelet"
+        self.pod_logs = self.dir / "pod-logs"
+        self.state_file = self.dir / "state.json"
+
+    # -- state ----------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, st: dict[str, Any]) -> None:
+        self.state_file.write_text(json.dumps(st, indent=2))
+
+    def is_running(self) -> bool:
+        pids = self.state().get("pids", {})
+        return bool(pids) and all(Path(f"/proc/{p}").exists() for p in pids.values())
+
+    def log_file(self, component: str) -> Path:
+        return self.dir / f"{component}.log"
+
+    def ctr(self, *args: str, timeout: float = 600,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run(["ctr", "--address", str(self.socket), "-n", NAMESPACE, *args],
+                    timeout=timeout, check=check)
+
+    # -- start ----------------------------------------------------------------------------
+
+    def start(self, timeout: float = 90) -> RealNode:
+        if self.is_running() and self._node_ready():
+            return self
+        if os.geteuid() != 0:
+            raise RealNodeError("the real node needs root (kubelet, containerd)")
+        for tool in ("containerd", "ctr", "runc", "gcc", "podman"):
+            if run(["sh", "-c", f"command -v {tool}"], check=False).returncode:
+                raise RealNodeError(f"{tool} not found: run tests/images/install_tools.sh")
+        kubelet = self.sb.bin("kubelet")
+        if not Path(kubelet).exists():
+            raise RealNodeError(f"{kubelet} missing: run tests/sandbox/build.sh")
+        self.stop(quiet=True)  # leftovers of a crashed run
+        for d in (self.dir, self.root, self.kubelet_root, self.pod_logs):
+            d.mkdir(parents=True, exist_ok=True)
+        st: dict[str, Any] = {"pids": {}, "ports": {
+            "kubelet": free_port(self.ip), "kubelet-healthz": free_port(self.ip)}}
+        # No pod network: containerd reports its network ready only with a CNI config, so it
+        # gets one naming a plugin that does not exist. hostNetwork pods never call it; any
+        # other pod fails to start with 'failed to find plugin "mtp-no-pod-network"'.
+        conf = self.dir / "cni-conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "10-mtp-no-pod-network.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "mtp-no-pod-network",
+            "plugins": [{"type": "mtp-no-pod-network"}]}))
+        self._save(st)
+        st["pids"]["containerd"] = self._spawn("containerd", self._containerd_cmd())
+        self._save(st)
+        self._wait(lambda: self.ctr("version", check=False, timeout=10).returncode == 0,
+                   30, "containerd", "containerd")
+        self._load_pause()
+        self._kubelet_files(st)
+        st["pids"]["kubelet"] = self._spawn("kubelet", self._kubelet_cmd(st))
+        self._save(st)
+        self._wait(lambda: self.node() is not None, timeout, f"node {self.name} registered",
+                   "kubelet")
+        self._set_address()
+        self._wait(self._node_ready, timeout, f"node {self.name} Ready", "kubelet")
+        return self
+
+    def _set_address(self) -> None:
+        """kubelet refuses a loopback --node-ip ("nodeIP can't be loopback address") and then
+        leaves status.addresses empty, so hostNetwork pods would get no pod IP (and no probes).
+        The address is written through the API instead; kubelet keeps what it cannot set."""
+        self.sb.api("PATCH", f"/api/v1/nodes/{self.name}/status", {"status": {"addresses": [
+            {"type": "InternalIP", "address": self.ip},
+            {"type": "Hostname", "address": self.name}]}},
+            content_type="application/strategic-merge-patch+json")
+
+    def _spawn(self, name: str, cmd: list[str]) -> int:
+        log = open(self.log_file(name), "ab")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        return proc.pid
+
+    def _wait(self, ok: Any, timeout: float, what: str, component: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():
+                return
+            pid = self.state().get("pids", {}).get(component)
+            if pid and not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.5)
+        tail = "\n".join(self.log_file(component).read_text(errors="replace")
+                         .splitlines()[-30:]) if self.log_file(component).exists() else ""
+        raise RealNodeError(f"{what} not within {timeout:.0f} s; {component} log:\n{tail}")
+
+    def _containerd_cmd(self) -> list[str]:
+        pause = self.pause_image()
+        config = containerd_toml(self.root, self.dir, self.socket, pause, self.ip)
+        path = self.dir / "containerd.toml"
+        path.write_text(config)
+        return ["containerd", "--config", str(path), "--log-level", "warn"]
+
+    # -- images ---------------------------------------------------------------------------
+
+    def pause_image(self) -> str:
+        key = hashlib.sha256(PAUSE_C.encode()).hexdigest()[:12]
+        return f"localhost/mtp-pause:{key}"
+
+    def _load_pause(self) -> None:
+        ref = self.pause_image()
+        if self._has_image(ref):
+            return
+        build = CACHE / "pause" / ref.rsplit(":", 1)[1]
+        binary = build / "rootfs" / "pause"
+        if not binary.exists():
+            (build / "rootfs").mkdir(parents=True, exist_ok=True)
+            (build / "pause.c").write_text(PAUSE_C)
+            run(["gcc", "-static", "-Os", "-s", "-o", str(binary), str(build / "pause.c")])
+        if run(["podman", "image", "exists", ref], check=False).returncode:
+            tar = subprocess.Popen(["tar", "-C", str(build / "rootfs"), "-c", "."],
+                                   stdout=subprocess.PIPE)
+            run(["podman", "import", "--change", 'ENTRYPOINT=["/pause"]', "-", ref],
+                 stdin=tar.stdout)
+            tar.wait()
+        self.load_image(ref)
+
+    def _has_image(self, ref: str) -> bool:
+        out = self.ctr("images", "ls", "-q", check=False, timeout=30)
+        return ref in out.stdout.split()
+
+    def load_image(self, ref: str) -> None:
+        """Hands podman's image `ref` to containerd (podman save | ctr import), unless
+        containerd has it already (refs carry a key over their inputs, so same ref = same
+        image)."""
+        if self._has_image(ref):
+            return
+        tmp = self.dir / "image.tar"
+        try:
+            run(["podman", "save", "--format", "docker-archive", "-o", str(tmp), ref],
+                 timeout=1800)
+            self.ctr("images", "import", str(tmp), timeout=1800)  # unpacked for overlayfs
+        finally:
+            tmp.unlink(missing_ok=True)
+        if not self._has_image(ref):
+            raise RealNodeError(f"containerd did not list {ref} after the import")
+
+    # -- kubelet --------------------------------------------------------------------------
+
+    def _kubelet_files(self, st: dict[str, Any]) -> None:
+        pki = Path(self.sb.pki)
+        node_cert(pki, self.dir / "kubelet-client", self.name)
+        kubeconfig = {
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "sandbox", "cluster": {
+                "server": self.sb.apiserver_url, "certificate-authority": str(pki / "ca.crt")}}],
+            "users": [{"name": "node", "user": {
+                "client-certificate": str(self.dir / "kubelet-client.crt"),
+                "client-key": str(self.dir / "kubelet-client.key")}}],
+            "contexts": [{"name": "node", "context": {"cluster": "sandbox", "user": "node"}}],
+            "current-context": "node",
+        }
+        (self.dir / "kubelet.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+        config = kubelet_config(self.ip, st["ports"], pki, self.socket, self.pod_logs)
+        (self.dir / "kubelet.yaml").write_text(yaml.safe_dump(config))
+
+    def _kubelet_cmd(self, st: dict[str, Any]) -> list[str]:
+        taint = f"{TAINT['key']}={TAINT['value']}:{TAINT['effect']}"
+        return [
+            str(self.sb.bin("kubelet")),
+            f"--config={self.dir / 'kubelet.yaml'}",
+            f"--kubeconfig={self.dir / 'kubelet.kubeconfig'}",
+            f"--root-dir={self.kubelet_root}",
+            f"--cert-dir={self.dir / 'kubelet-pki'}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.ip}",
+            f"--node-labels={LABEL}=true",
+            f"--register-with-taints={taint}",
+            "--v=1",
+        ]
+
+    def node(self) -> dict[str, Any] | None:
+        try:
+            return self.sb.api("GET", f"/api/v1/nodes/{self.name}")
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    def _node_ready(self) -> bool:
+        node = self.node()
+        return bool(node) and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in node.get("status", {}).get("conditions", []))
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        """The container log files kubelet wrote for `pod` (the sandbox's apiserver has no
+        kubelet client credentials, so `kubectl logs` cannot reach this kubelet)."""
+        text = []
+        for d in sorted(self.pod_logs.glob(f"{namespace}_{pod}_*")):
+            for f in sorted(d.glob(f"{container or '*'}/*.log")):
+                text.append(f.read_text(errors="replace"))
+        return "\n".join(text)
+
+    # -- stop -----------------------------------------------------------------------------
+
+    def stop(self, quiet: bool = False) -> None:
+        """Pods first (through the API, then containerd), then kubelet, containerd, any shim
+        left, every mount under the node's folders; the Node object is deleted. Raises when
+        a process or a mount is left behind."""
+        st = self.state()
+        pids = st.get("pids", {})
+        if pids.get("kubelet") and Path(f"/proc/{pids['kubelet']}").exists():
+            self._delete_pods(timeout=30)
+        self._kill(pids.get("kubelet"), "kubelet")
+        if self.socket.exists() and pids.get("containerd"):
+            self._remove_containers()
+        self._kill(pids.get("containerd"), "containerd")
+        for name in ("containerd", "kubelet"):  # earlier runs, lost state
+            for pid in pids_with(str(self.dir), (name,)):
+                self._kill(pid, name)
+        for pid in pids_with(str(self.socket), ("containerd-shim-runc-v2",)):
+            self._kill(pid, "containerd-shim-runc-v2")
+        for point in mounts_under(self.dir, self.root):
+            if subprocess.run(["umount", point], capture_output=True).returncode:
+                subprocess.run(["umount", "-l", point], capture_output=True)
+        self._clean_host_paths()
+        with contextlib.suppress(Exception):
+            if self.node() is not None:
+                self.sb.api("DELETE", f"/api/v1/nodes/{self.name}")
+        left = self.leftovers()
+        if left:
+            raise RealNodeError(f"left behind after stopping the real node: {left}")
+        logs = Path(self.sb.state_dir) / "logs"
+        if logs.is_dir():  # kept with the sandbox's own (logs.last/ after `down`)
+            for f in self.dir.glob("*.log"):
+                (logs / f"{self.name}-{f.name}").write_bytes(f.read_bytes())
+        if self.dir.exists():
+            subprocess.run(["rm", "-rf", str(self.dir)], check=False)
+        if not quiet:
+            print(f"[realnode] {self.name} stopped", flush=True)
+
+    def _clean_host_paths(self) -> None:
+        """kubelet also writes to fixed host paths: links to container logs in
+        /var/log/containers and its device-plugin socket; ours go (and the folders, if empty
+        and no other kubelet runs)."""
+        logs = Path("/var/log/containers")
+        for link in logs.glob("*.log") if logs.is_dir() else ():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link).startswith(str(self.pod_logs)):
+                    link.unlink()
+        if pids_with("", ("kubelet",)):
+            return
+        plugins = Path("/var/lib/kubelet/device-plugins")
+        (plugins / "kubelet.sock").unlink(missing_ok=True)
+        for d in (plugins, plugins.parent, logs, Path("/run/containerd/runc/k8s.io"),
+                  Path("/run/containerd/runc"), Path("/run/containerd/s")):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+    def leftovers(self) -> dict[str, list[Any]]:
+        procs = (pids_with(str(self.dir), ("containerd", "kubelet"))
+                 + pids_with(str(self.socket), ("containerd-shim-runc-v2",)))
+        mounts = mounts_under(self.dir, self.root) if self.dir.exists() or self.root.exists() \
+            else []
+        return {k: v for k, v in (("processes", procs), ("mounts", mounts)) if v}
+
+    def _delete_pods(self, timeout: float) -> None:
+        selector = f"spec.nodeName={self.name}"
+        try:
+            pods = self.sb.api("GET", f"/api/v1/pods?fieldSelector={selector}")["items"]
+        except Exception:
+            return
+        for pod in pods:
+            meta = pod["metadata"]
+            with contextlib.suppress(Exception):
+                self.sb.api("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/"
+                            f"{meta['name']}", {"gracePeriodSeconds": 0})
+        # kubelet stops the containers of pods that are gone from the API
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.ctr("tasks", "ls", "-q", check=False, timeout=20)
+            if out.returncode or not out.stdout.split():
+                return
+            time.sleep(0.5)
+
+    def _remove_containers(self) -> None:
+        for task in self.ctr("tasks", "ls", "-q", check=False, timeout=30).stdout.split():
+            self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False, timeout=30)
+            self.ctr("tasks", "delete", "-f", task, check=False, timeout=30)
+        for c in self.ctr("containers", "ls", "-q", check=False, timeout=30).stdout.split():
+            self.ctr("containers", "rm", c, check=False, timeout=30)
+
+    @staticmethod
+    def _kill(pid: int | None, name: str, timeout: float = 15) -> None:
+        if not pid or not Path(f"/proc/{pid}").exists():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and alive(pid):
+            time.sleep(0.1)
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+
+
