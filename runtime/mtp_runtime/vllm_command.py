@@ -229,6 +229,7 @@ def schedule_problems(
         if first <= previous_end:
             found.append(Problem(f"{field_name}[{i}]",
                                  "ranges must be sorted and must not overlap"))
+        # our own rule (vLLM 0.33 accepts a gap): a batch of one request would run no known K
         if i == 0 and first != 1:
             found.append(Problem(f"{field_name}[0]", "the first range must start at batch 1"))
         if k < 0 or not valid_k_for_depth(k, mtp_layers):
