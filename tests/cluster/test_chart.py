@@ -138,6 +138,8 @@ ALLOWED = [
     ("list", "nodes"),
     ("list", "pods", "--all-namespaces"),
     ("create", "events", "-n", "team-a"),
+    ("create", "pods", "-n", "team-a"),  # a tuning canary (spec.speculative.tuning: Auto)
+    ("delete", "pods", "-n", "team-a"),  # removed after its trial
 ]
 REFUSED = [
     ("get", "secrets", "-n", "{ns}"),
@@ -150,8 +152,7 @@ REFUSED = [
     ("delete", "mtpinferences.mtp-operator.io", "-n", "team-a"),
     ("create", "mtpinferences.mtp-operator.io", "-n", "team-a"),
     ("update", "deployments.apps", "-n", "team-a"),
-    ("create", "pods", "-n", "team-a"),
-    ("delete", "pods", "-n", "team-a"),
+    ("update", "pods", "-n", "team-a"),  # canaries are applied (patch) and deleted, never updated
     ("patch", "nodes"),
     ("update", "leases.coordination.k8s.io", "-n", "team-a"),  # only in the release namespace
     ("list", "leases.coordination.k8s.io", "-n", "{ns}"),

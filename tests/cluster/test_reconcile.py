@@ -75,7 +75,8 @@ def test_seed_example_one_pool_per_product(kubectl, namespace, operator):
     assert condition(obj, "SpeculationRolledBack")["status"] == "False"
 
     table = kubectl("get", "mtpi", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "MODEL", "POOLS", "READY", "PHASE", "AGE"]
+    assert table[0].split() == ["NAME", "MODEL", "POOLS", "RECOMMENDED", "READY", "PHASE",
+                                   "AGE"]
     assert "A100:2 H100:2 H200:2 L40S:2" in table[1] and "4/4" in table[1]
     assert "Ready" in table[1]
 

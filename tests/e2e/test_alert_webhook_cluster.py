@@ -212,7 +212,8 @@ def test_unknown_targets_other_alerts_and_no_data_are_accepted_and_ignored(
         (am_alert(namespace, "dsv3", H100, drop=("namespace", "mtpinference")),
          "missing_labels"),
         (am_alert(namespace, "dsv3", H100, value=None, fingerprint="f-novalue"), None),
-        (am_alert(namespace, "dsv3", H100, value="NaN", fingerprint="f-nan"), None),
+        # not a finite value in [0, 1]: no data, counted apart
+        (am_alert(namespace, "dsv3", H100, value="NaN", fingerprint="f-nan"), "impossible_value"),
         (am_alert(namespace, "dsv3", H100, value="high", fingerprint="f-text"), None),
         # within this resource's threshold (0.88): not acted on
         (am_alert(namespace, "dsv3", H100, value="0.93", fingerprint="f-fine"), None),
@@ -227,10 +228,11 @@ def test_unknown_targets_other_alerts_and_no_data_are_accepted_and_ignored(
             assert doc["ignored"] == {reason: 1}, (alert, doc)
         else:
             assert (doc["ignored"], doc["unchanged"]) == ({}, 1), (alert, doc)
-    for reason in ("unknown_target", "not_rollback_alert", "missing_labels"):
+    for reason in ("unknown_target", "not_rollback_alert", "missing_labels", "impossible_value"):
         want = sum(1 for _, r in cases if r == reason)
         assert metric(op, "mtp_operator_alerts_ignored_total", reason=reason) == want, reason
-    assert metric(op, "mtp_operator_alert_signals_handled_total", outcome="unchanged") == 5
+    unchanged = sum(1 for _, r in cases if r is None)
+    assert metric(op, "mtp_operator_alert_signals_handled_total", outcome="unchanged") == unchanged
     assert metric(op, "mtp_operator_alert_signals_handled_total", outcome="changed") == 0
     assert metric(op, "mtp_operator_rollbacks_total") == 0
     assert_untouched(kubectl, namespace, obj, hashes)
