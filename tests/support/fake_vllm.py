@@ -35,6 +35,8 @@ import time
 from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from support import http_thread
+
 SPEC_FAMILIES = (
     ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
     ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
@@ -215,22 +217,13 @@ class FakeVLLM:
                 else:
                     self._send(404, json.dumps({"detail": "Not Found"}), "application/json")
 
-        self._server = ThreadingHTTPServer((self.host, self._port), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name="fake-vllm")
-        self._thread.start()
+        self._server, self._thread = http_thread.start(self.host, self._port, Handler, "fake-vllm")
         return self
 
     def stop(self) -> None:
         """Stop serving: connections are refused afterwards (vLLM down)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        http_thread.stop(self._server, self._thread)
+        self._server, self._thread = None, None
 
     @property
     def port(self) -> int:

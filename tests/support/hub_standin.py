@@ -34,6 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from support import http_thread
+
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 LFS_MIN_SIZE = 10 * 1024 * 1024
 MAIN = "main"
@@ -241,20 +243,12 @@ class HubStandIn:
 
             do_GET = do_HEAD = do_POST = _serve
 
-        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name="hub-standin")
-        self._thread.start()
+        self._server, self._thread = http_thread.start(self.host, self.port, Handler, "hub-standin")
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        http_thread.stop(self._server, self._thread)
+        self._server = None
 
     def __enter__(self) -> HubStandIn:
         return self.start()
