@@ -60,7 +60,13 @@ kubectl get nodes -o custom-columns='NAME:.metadata.name,READY:.status.condition
 # ---- everything started below is stopped on exit, by its own pid ---------------------------
 PIDS=()
 cleanup() {
-    local pid
+    local pid rc=$?
+    # A failed run must not leave its pools holding whole simulated GPU nodes for what runs next
+    # (`make test` runs the demo first): remove them while the operator still runs.
+    if [[ $rc != 0 && ${MTP_DEMO_KEEP:-0} != 1 ]] && declare -F remove_demo >/dev/null; then
+        echo "the demo failed (exit $rc): removing its resources (MTP_DEMO_KEEP=1 keeps them)"
+        remove_demo || true
+    fi
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
@@ -74,7 +80,7 @@ kubectl wait --for=condition=Established crd/mtpinferences.mtp-operator.io --tim
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 remove_demo() {  # the resource, its pools and their pods, at once (no grace period)
     local i
-    kubectl delete mtpi --all -n "$NS" --wait=true >/dev/null
+    kubectl delete mtpi --all -n "$NS" --wait=true --timeout=90s >/dev/null
     kubectl delete deployments,replicasets --all -n "$NS" --wait=false >/dev/null 2>&1 || true
     for i in $(seq 100); do
         [[ -z $(kubectl get pods -n "$NS" -o name 2>/dev/null) ]] && return 0
@@ -154,7 +160,7 @@ SEED=0
 start_fake() {  # pod ip product k p
     local log=$FAKE_DIR/$1.log i pid
     SEED=$((SEED + 1))
-    "$PYTHON" tests/support/fake_vllm.py --host "$2" --port 8000 --k "$4" --acceptance "$5" \
+    PYTHONPATH=tests "$PYTHON" -m support.fake_vllm --host "$2" --port 8000 --k "$4" --acceptance "$5" \
         --drafts-per-second 50 --model-name deepseek-v3 --seed "$SEED" >"$log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
