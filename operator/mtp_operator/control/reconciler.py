@@ -91,10 +91,13 @@ class _Slot:
 
 
 SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
-# A status change that only moves counts (ready replicas, messages) is written at most this
-# often per resource; anything a reader acts on (phase, a condition's status, K, generation,
-# rollbacks) at once. At scale this halves the status writes of a rollout.
-STATUS_COUNTS_INTERVAL = 2.0
+# A status change that only reports progress (replica counts, messages, a rollout's
+# Progressing condition while the phase stays Progressing: reconcile_plan.significant) is
+# written at most this often per resource, coalesced with whatever comes next; anything a
+# reader acts on (phase, Ready, Degraded, K, generation, rollbacks) at once. At scale a
+# resource's pools become ready over several seconds: most rollouts then take two status
+# writes (Progressing, Ready) instead of one per pool event.
+STATUS_COUNTS_INTERVAL = 10.0
 RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resource
 UNEXPECTED_RETRY_SECONDS = 30.0  # after an error that is not the API server's
 

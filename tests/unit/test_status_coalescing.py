@@ -1,0 +1,94 @@
+"""A rollout's status writes: what only reports progress (counts, messages, the Progressing
+condition while the phase stays Progressing) waits for the next write or for
+STATUS_COUNTS_INTERVAL; phase and Ready are written at once."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
+from mtp_operator.control import reconciler as reconciler_module
+from mtp_operator.control.reconciler import Reconciler
+from mtp_operator.reconcile_plan import Applied, pass_status, plan_pass, significant
+from mtp_operator.settings import OperatorSettings
+from mtp_operator.status import ObservedPool
+from support.fake_cluster import FakeKube, FakeView, mtpinference, node
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+H100, L40S = "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S"
+SPEC = {"model": "org/model", "tensorParallelSize": 8}
+KEY = ("ml", "res")
+
+
+def status_for(observed: dict[str, ObservedPool], previous=None) -> MTPInferenceStatus:
+    spec = MTPInferenceSpec.model_validate(SPEC)
+    nodes = [node("h1", H100), node("l1", L40S)]
+    previous = previous or MTPInferenceStatus()
+    plan = plan_pass(spec, [], nodes, previous, {"generation": 1}, {}, T0)
+    applied = Applied({H100: "h1", L40S: "h2"})
+    return pass_status("res", 1, plan, previous, observed, applied, T0)
+
+
+def condition(status: MTPInferenceStatus, kind: str) -> str:
+    return next(c.status for c in status.conditions if c.type == kind)
+
+
+def test_rolled_out_but_not_ready_is_progress_only() -> None:
+    created = status_for({})
+    rolled = status_for({p: ObservedPool(desired=1, ready=0, up_to_date=True)
+                         for p in (H100, L40S)}, created)  # fmt: skip
+    assert (created.phase, rolled.phase) == ("Progressing", "Progressing")
+    assert (condition(created, "Progressing"), condition(rolled, "Progressing")) == (
+        "True", "False")  # fmt: skip
+    assert significant(created) == significant(rolled)
+
+
+def test_ready_and_a_new_rollout_are_significant() -> None:
+    rolled = status_for({p: ObservedPool(desired=1, ready=0, up_to_date=True)
+                         for p in (H100, L40S)})  # fmt: skip
+    ready = status_for({p: ObservedPool(desired=1, ready=1, up_to_date=True)
+                        for p in (H100, L40S)}, rolled)  # fmt: skip
+    assert ready.phase == "Ready" and significant(ready) != significant(rolled)
+    pools = {H100: ObservedPool(desired=1, ready=1, up_to_date=False),
+             L40S: ObservedPool(desired=1, ready=1, up_to_date=True)}  # fmt: skip
+    again = status_for(pools, ready)
+    assert again.phase == "Progressing" and significant(again) != significant(ready)
+
+
+async def test_a_rollout_takes_two_status_writes_when_it_is_quick(monkeypatch) -> None:
+    monkeypatch.setattr(reconciler_module, "STATUS_COUNTS_INTERVAL", 60.0)
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
+    view.add(mtpinference("res", SPEC))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    await rec.reconcile(KEY)
+    assert kube.count("patch_status") == 1  # Progressing, pools created
+    view.deliver(kube, ready=False)  # the Deployment controller: rolled out, pods not ready
+    await rec.reconcile(KEY)
+    assert kube.count("patch_status") == 1  # progress only: deferred
+    assert rec.slot(KEY).later is not None  # ... to a pass of its own, not dropped
+    view.deliver(kube, ready=True)
+    await rec.reconcile(KEY)
+    assert kube.count("patch_status") == 2 and kube.statuses[KEY]["phase"] == "Ready"
+    assert {c["type"]: c["status"] for c in kube.statuses[KEY]["conditions"]}["Progressing"] == (
+        "False")  # fmt: skip
+    rec.forget(KEY)
+
+
+async def test_deferred_progress_is_written_by_the_later_pass(monkeypatch) -> None:
+    monkeypatch.setattr(reconciler_module, "STATUS_COUNTS_INTERVAL", 0.2)
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
+    view.add(mtpinference("res", SPEC))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=False)
+    await rec.reconcile(KEY)
+    assert kube.count("patch_status") == 1
+    await asyncio.sleep(0.5)  # the pass reconcile_later() scheduled
+    assert kube.count("patch_status") == 2
+    conditions = {c["type"]: c["status"] for c in kube.statuses[KEY]["conditions"]}
+    assert (kube.statuses[KEY]["phase"], conditions["Progressing"]) == ("Progressing", "False")
