@@ -211,13 +211,16 @@ def sweep(b: Bench, classes: list[str], candidates: list[int], ref: int, rounds:
     return out
 
 
-def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows: int):
+def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows: int,
+         table: list[Measurement] | None = None, history: list[Trial] | None = None):
     """The tuner on the real 2-replica pool: canary trials (replica 1 at the trial K, same
-    windows as replica 0), adoption rolls replica 0 too. Returns (log, trials, final K)."""
+    windows as replica 0), adoption rolls replica 0 too. `table` and `history` carry on a
+    tuner that already ran (its memory, as the operator keeps it). Returns (log, trials,
+    final K); `table` and `history` grow in place."""
     running = pool.replicas[0].k
     trial: Trial | None = None
-    table: list[Measurement] = []
-    history: list[Trial] = []
+    table = [] if table is None else table
+    history = [] if history is None else history
     log: list[dict[str, Any]] = []
     trials: list[int] = []
     quiet = 0
@@ -287,6 +290,14 @@ def markdown(res: dict[str, Any]) -> str:
     for cls, r in res["classes"].items():
         lines.append(f"| {cls} | " + " | ".join(
             f"{r['sweep'][str(k)]['ratio_to_ref']:.3f}" for k in res["candidates"]) + " |")
+    sw = res.get("switch")
+    if sw:
+        lines += ["", f"Traffic switched under the tuned pool ({sw['from_class']} -> "
+                  f"{sw['to_class']}): the tuner went from K={sw['start_k']} to "
+                  f"K={sw['final_k']} ({sw['share']:.1%} of {sw['to_class']}'s best) after "
+                  f"{len(sw['trials'])} trials ({', '.join(map(str, sw['trials'])) or '-'}); "
+                  f"stayed: {'yes' if sw['stayed'] else 'no'}; pass: "
+                  f"{'yes' if sw['pass'] else 'no'}."]
     return "\n".join(lines) + "\n"
 
 
@@ -346,7 +357,9 @@ def main() -> int:
             pool.set_k(0, ref)
             pool.set_k(1, ref)
             pool.traffic(cls)
-            log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows)
+            table, history = [], []
+            log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows,
+                                      table, history)
             sw = sweeps[cls]
             stayed = len(log) >= args.stay and len(
                 {tuple(e["ks"]) for e in log[-args.stay:]}) == 1
@@ -358,10 +371,31 @@ def main() -> int:
             print(f"{cls}: best K={r['best_k']}; profile K={ref} {r['profile_share']:.1%}; "
                   f"tuner K={final} {r['tuner']['share']:.1%} after {len(trials)} trials",
                   flush=True)
+        if len(classes) > 1:
+            # the traffic changes under a tuned pool: from the last class's tuned K, the first
+            # class's traffic again; the tuner must move to that class's best K once more
+            cls, last = classes[0], res["classes"][classes[-1]]["tuner"]["final_k"]
+            print(f"switch: {classes[-1]} -> {cls}, tuner from K={last}", flush=True)
+            pool.traffic(cls)
+            # the same tuner carries on: its table still holds the other class's windows
+            log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows,
+                                      table, history)
+            sw = sweeps[cls]
+            stayed = len(log) >= args.stay and len(
+                {tuple(e["ks"]) for e in log[-args.stay:]}) == 1
+            res["switch"] = {"from_class": classes[-1], "to_class": cls, "start_k": last,
+                             "final_k": final, "share": share(sw, final), "trials": trials,
+                             "stayed": stayed, "windows": log,
+                             "pass": share(sw, final) >= 0.95 and len(trials) <= 3 and stayed}
+            write(res, out)
+            print(f"switch to {cls}: tuner K={last} -> K={final} {share(sw, final):.1%} "
+                  f"after {len(trials)} trials", flush=True)
     finally:
         pool.stop()
     print(markdown(res))
-    return 0 if all(r.get("pass") for r in res["classes"].values()) else 1
+    passed = [r.get("pass") for r in res["classes"].values()]
+    passed.append(res.get("switch", {}).get("pass", True))
+    return 0 if all(passed) else 1
 
 
 if __name__ == "__main__":
