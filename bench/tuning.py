@@ -127,23 +127,33 @@ def scrape(eng: RealEngine) -> Any:
 
 
 class Replica:
-    """One engine of the pool with its own closed-loop load."""
+    """One engine of the pool with its own closed-loop load (started by `resume`)."""
 
     def __init__(self, b: Bench, name: str, k: int, cls: str) -> None:
         self.b, self.name, self.k, self.cls = b, name, k, cls
         self.eng = b.engine(k)
-        self.load = Load(self.eng.url, cls, b.concurrency, b.max_tokens).__enter__()
+        self.load: Load | None = None
         self.start_s = self.eng.started_s
 
+    def pause(self) -> None:
+        if self.load is not None:
+            self.load.__exit__()
+            self.load = None
+
+    def resume(self) -> None:
+        if self.load is None:
+            self.load = Load(self.eng.url, self.cls, self.b.concurrency,
+                             self.b.max_tokens).__enter__()
+
     def stop(self) -> None:
-        self.load.__exit__()
+        self.pause()
         self.eng.stop()
 
     def traffic(self, cls: str) -> None:
         if cls != self.cls:
-            self.load.__exit__()
+            self.pause()
             self.cls = cls
-            self.load = Load(self.eng.url, cls, self.b.concurrency, self.b.max_tokens).__enter__()
+            self.resume()
 
 
 class Pool:
@@ -152,14 +162,24 @@ class Pool:
     def __init__(self, b: Bench, ks: tuple[int, int], cls: str) -> None:
         self.b = b
         self.replicas = [Replica(b, f"r{i}", k, cls) for i, k in enumerate(ks)]
-        time.sleep(b.warmup)
+        self._resume()
+
+    def _resume(self) -> None:
+        for r in self.replicas:
+            r.resume()
+        time.sleep(self.b.warmup)
 
     def set_k(self, i: int, k: int) -> None:
+        """Restart replica i at K. The other replica's load pauses meanwhile: on two cores a
+        loaded engine starves a starting one for many minutes, and the restart is not what is
+        measured (windows start after it, on both replicas at once)."""
         r = self.replicas[i]
         if r.k != k:
+            for other in self.replicas:
+                other.pause()
             r.stop()
             self.replicas[i] = Replica(self.b, r.name, k, r.cls)
-            time.sleep(self.b.warmup)
+            self._resume()
 
     def traffic(self, cls: str) -> None:
         for r in self.replicas:

@@ -71,9 +71,9 @@ def test_real_engines_canary_k0_adopted_on_unpredictable_traffic_and_stays(
     real = RealPool(kubeconfig, namespace, NAME, H100, vllm=vllm_executable,
                     model=tiny_model_dir, log_dir=tmp_path / "engines", on_event=print)
     with real, PerEngineTraffic(real, "unpredictable", concurrency=2) as load:
-        wait_for(lambda: len([r for r in real.active.values() if r.healthy_at]) == 2,
-                 START_TIMEOUT, interval=1, message="two real K=4 engines")
-        assert sorted(r.k for r in real.active.values()) == [4, 4]
+        wait_for(lambda: len(real.serving()) == 2, START_TIMEOUT, interval=1,
+                 message="two real K=4 engines")
+        assert sorted(r.k for r in real.serving()) == [4, 4]
 
         # the canary: one pod at K=0 beside one K=4 replica of the Deployment
         t = wait_for(lambda: (x := tuning_of(kubectl, namespace)).get("trial") and x,
@@ -125,7 +125,7 @@ def test_real_engines_canary_k0_adopted_on_unpredictable_traffic_and_stays(
         assert dep["spec"]["replicas"] == 2 and deployment_k(dep) == 0
         wait_for(lambda: not [p for p in kubectl("get", "pods", "-n", namespace, "-o", "name")
                               .stdout.split() if "canary" in p], 60, message="canary deleted")
-        wait_for(lambda: sorted(r.k for r in real.active.values() if r.healthy_at) == [0, 0],
+        wait_for(lambda: sorted(r.k for r in real.serving()) == [0, 0],
                  START_TIMEOUT, interval=1, message="two real K=0 engines")
         assert events(kubectl, namespace, "TuningTrialStarted", NAME)
         assert events(kubectl, namespace, "TuningAdopted", NAME)
@@ -134,7 +134,7 @@ def test_real_engines_canary_k0_adopted_on_unpredictable_traffic_and_stays(
         time.sleep(STAY_WINDOWS * WINDOW)
         t = tuning_of(kubectl, namespace)
         assert t["tunedK"] == 0 and not t.get("trial") and len(t["trials"]) == 1, t
-        assert sorted(r.k for r in real.active.values()) == [0, 0]
+        assert sorted(r.k for r in real.serving()) == [0, 0]
         assert [r.k for r in real.runs].count(0) == 3, [r.k for r in real.runs]  # canary + 2
         assert not real.errors, real.errors
     obj = resource(kubectl, namespace, NAME)

@@ -141,10 +141,7 @@ class PerEngineTraffic:
 
     def _follow(self) -> None:
         while not self._stop.is_set():
-            with self.pool._lock:
-                runs = [r for r in self.pool.active.values()
-                        if r.healthy_at and r.served_model and r.stopped_at is None]
-            for run in runs:
+            for run in self.pool.serving():
                 if run.launch.pod not in self._loops:
                     self._loops[run.launch.pod] = threads = [
                         threading.Thread(target=self._loop, args=(run,), daemon=True,
