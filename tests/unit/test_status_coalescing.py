@@ -92,3 +92,31 @@ async def test_deferred_progress_is_written_by_the_later_pass(monkeypatch) -> No
     assert kube.count("patch_status") == 2
     conditions = {c["type"]: c["status"] for c in kube.statuses[KEY]["conditions"]}
     assert (kube.statuses[KEY]["phase"], conditions["Progressing"]) == ("Progressing", "False")
+
+
+async def test_the_first_status_counts_the_pools_just_created() -> None:
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
+    view.add(mtpinference("res", SPEC))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    await rec.reconcile(KEY)
+    status = kube.statuses[KEY]
+    assert [(p["replicas"], p["readyReplicas"]) for p in status["pools"]] == [(1, 0), (1, 0)]
+    assert status["ready"] == "0/2"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Progressing"] == "True"
+
+
+async def test_the_progress_interval_grows_with_the_resources_rolling_out() -> None:
+    kube, view = FakeKube(), FakeView(nodes=[node(f"h{i}", H100) for i in range(30)])
+    keys = [view.add(mtpinference(f"r{i}", SPEC)) for i in range(250)]
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    assert rec.progress_interval() == reconciler_module.STATUS_COUNTS_INTERVAL
+    await rec.reconcile_all()
+    assert {s["phase"] for s in kube.statuses.values()} == {"Progressing"}
+    # 250 resources rolling out share PROGRESS_WRITES_PER_SECOND progress writes a second
+    assert rec.progress_interval() == 250 / reconciler_module.PROGRESS_WRITES_PER_SECOND
+    view.deliver(kube, ready=True)
+    await rec.reconcile_all()
+    assert {s["phase"] for s in kube.statuses.values()} == {"Ready"}
+    assert rec.progress_interval() == reconciler_module.STATUS_COUNTS_INTERVAL
+    for key in keys:
+        rec.forget(key)

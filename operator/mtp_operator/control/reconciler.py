@@ -93,11 +93,14 @@ class _Slot:
 SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
 # A status change that only reports progress (replica counts, messages, a rollout's
 # Progressing condition while the phase stays Progressing: reconcile_plan.significant) is
-# written at most this often per resource, coalesced with whatever comes next; anything a
-# reader acts on (phase, Ready, Degraded, K, generation, rollbacks) at once. At scale a
-# resource's pools become ready over several seconds: most rollouts then take two status
-# writes (Progressing, Ready) instead of one per pool event.
-STATUS_COUNTS_INTERVAL = 10.0
+# coalesced with whatever comes next and written at most every progress_interval() seconds
+# per resource; anything a reader acts on (phase, Ready, Degraded, K, generation,
+# rollbacks) at once. The interval grows with the number of resources rolling out, so that
+# progress reports of all of them together take at most PROGRESS_WRITES_PER_SECOND status
+# writes a second: a rollout of a thousand resources then writes each one's status about
+# twice (Progressing, Ready) and not once per pool event.
+STATUS_COUNTS_INTERVAL = 5.0
+PROGRESS_WRITES_PER_SECOND = 10.0
 RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resource
 UNEXPECTED_RETRY_SECONDS = 30.0  # after an error that is not the API server's
 
@@ -117,6 +120,11 @@ class Reconciler:
         self._slots: dict[Key, _Slot] = {}
         self._tasks: set[asyncio.Task] = set()
         self._gpu_fingerprint: frozenset = frozenset()
+        self._progressing: set[Key] = set()  # resources whose last status written says so
+
+    def progress_interval(self) -> float:
+        """Seconds between two progress-only status writes of one resource."""
+        return max(STATUS_COUNTS_INTERVAL, len(self._progressing) / PROGRESS_WRITES_PER_SECOND)
 
     # ---- scheduling -------------------------------------------------------------------
     def slot(self, key: Key) -> _Slot:
@@ -124,6 +132,7 @@ class Reconciler:
 
     def forget(self, key: Key) -> None:
         slot = self._slots.pop(key, None)
+        self._progressing.discard(key)
         if slot is not None and slot.later is not None:
             slot.later.cancel()
 
@@ -131,6 +140,7 @@ class Reconciler:
         """Forget every resource's state (their CRD was deleted; kopf starts afresh)."""
         for key in list(self._slots):
             self.forget(key)
+        self._progressing.clear()
         self._gpu_fingerprint = frozenset()
 
     def reconcile_later(self, key: Key, delay: float) -> None:
@@ -234,12 +244,16 @@ class Reconciler:
         if not status_changed(old, new):
             return
         slot = self.slot(key)
-        wait = slot.status_written + STATUS_COUNTS_INTERVAL - time.monotonic()
+        wait = slot.status_written + self.progress_interval() - time.monotonic()
         if wait > 0 and significant(old) == significant(new):
-            self.reconcile_later(key, wait)  # counts only: written with the next change
+            self.reconcile_later(key, wait)  # progress only: written with the next change
             return
         out = await self.kube.patch_status(key[0], key[1], to_wire(new))
         slot.status_written = time.monotonic()
+        if new.phase == "Progressing":
+            self._progressing.add(key)
+        else:
+            self._progressing.discard(key)
         slot.status = read_status(out.get("status")) if out.get("status") else new
         try:
             slot.status_rv = int(out["metadata"]["resourceVersion"])
@@ -304,6 +318,10 @@ class Reconciler:
             applied = await self.apply(key, body, desired, plan, observed_bodies, previous)
         elif plan.fates:  # nothing fits, but pools of products gone for good still go
             applied = Applied(removed=await self._remove_pools(key, body, observed_bodies, plan))
+        if applied.settings_hashes and self.slot(key).pools:
+            # our own writes of this pass count as observed (a new pool: its replicas, not 0;
+            # an updated one: not rolled out yet), so the next watch event is no new progress
+            observed = {p: observe_deployment(d) for p, d in self.observed_pools(key).items()}
         status = pass_status(key[1], meta.get("generation"), plan, previous, observed, applied, now)
         if plan.problems and status_changed(persisted, status):
             await self.kube.event(
