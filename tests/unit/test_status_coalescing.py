@@ -120,3 +120,27 @@ async def test_the_progress_interval_grows_with_the_resources_rolling_out() -> N
     assert rec.progress_interval() == reconciler_module.STATUS_COUNTS_INTERVAL
     for key in keys:
         rec.forget(key)
+
+
+async def test_the_service_is_applied_once_until_the_watch_shows_it_gone(monkeypatch) -> None:
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100)])
+    view.add(mtpinference("res", SPEC))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+
+    def service_applies() -> int:
+        return sum(1 for m, name in kube.calls if m == "apply" and name.endswith("-openai"))
+
+    await rec.reconcile(KEY)
+    for _ in range(3):  # passes before the watch shows the Service: no second apply
+        await rec.reconcile(KEY)
+    assert service_applies() == 1
+    view.deliver(kube, ready=True)
+    await rec.reconcile(KEY)
+    assert service_applies() == 1
+    view.services.discard(KEY)  # someone deleted it, and the watch shows that
+    await rec.reconcile(KEY)
+    assert service_applies() == 2
+    monkeypatch.setattr(reconciler_module, "SERVICE_WATCH_GRACE", 0.0)
+    await rec.reconcile(KEY)  # the watch never showed the new one: applied again after grace
+    assert service_applies() == 3
+    rec.forget(KEY)

@@ -80,6 +80,7 @@ class _Slot:
     # a new Deployment's watch event must not create (and announce) it a second time.
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)
     service_applied: float = -1e9  # monotonic time of our last Service apply
+    service_seen: bool = False  # the watch has shown the Service since that apply
     status_written: float = -1e9  # monotonic time of our last status write
     later: asyncio.TimerHandle | None = None  # a pass scheduled by reconcile_later()
     # The last pass's pure results, reused while their inputs are the same: most passes at
@@ -90,7 +91,10 @@ class _Slot:
     canaries: dict[str, str] = field(default_factory=dict)  # GPU product → canary pod applied
 
 
-SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
+# Our Service apply stands in for the watch's copy until the watch shows it (then its absence
+# means someone deleted it) or, should the watch never show it, this many seconds. Under a
+# large rollout the watch can take over a minute to deliver it.
+SERVICE_WATCH_GRACE = 300.0
 # A status change that only reports progress (replica counts, messages, a rollout's
 # Progressing condition while the phase stays Progressing: reconcile_plan.significant) is
 # coalesced with whatever comes next and written at most every progress_interval() seconds
@@ -100,7 +104,7 @@ SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch'
 # writes a second: a rollout of a thousand resources then writes each one's status about
 # twice (Progressing, Ready) and not once per pool event.
 STATUS_COUNTS_INTERVAL = 5.0
-PROGRESS_WRITES_PER_SECOND = 10.0
+PROGRESS_WRITES_PER_SECOND = 5.0
 RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resource
 UNEXPECTED_RETRY_SECONDS = 30.0  # after an error that is not the API server's
 
@@ -347,9 +351,11 @@ class Reconciler:
         try:
             slot = self.slot(key)
             since = time.monotonic() - slot.service_applied
-            if not self.view.has_service(key) and since > SERVICE_WATCH_GRACE:
+            if self.view.has_service(key):
+                slot.service_seen = True
+            elif slot.service_seen or since > SERVICE_WATCH_GRACE:
                 await self.kube.apply(desired[0])
-                slot.service_applied = time.monotonic()
+                slot.service_applied, slot.service_seen = time.monotonic(), False
             for obj, pool in zip(desired[1:], plan.pools, strict=True):
                 hashes[pool.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
                 await self._apply_pool(body, obj, pool, observed_bodies.get(pool.gpu_product))
