@@ -144,3 +144,19 @@ async def test_the_service_is_applied_once_until_the_watch_shows_it_gone(monkeyp
     await rec.reconcile(KEY)  # the watch never showed the new one: applied again after grace
     assert service_applies() == 3
     rec.forget(KEY)
+
+
+async def test_a_pool_event_the_last_pass_saw_is_no_news() -> None:
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
+    view.add(mtpinference("res", SPEC))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    assert rec.pool_news(KEY, {"metadata": {"resourceVersion": "1"}})  # nothing seen yet
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    pools = view.pool_deployments(KEY)
+    assert all(rec.pool_news(KEY, d) for d in pools.values())  # the first pass saw none
+    await rec.reconcile(KEY)
+    assert not any(rec.pool_news(KEY, d) for d in pools.values())  # ... this one all
+    newer = {**pools[H100], "metadata": {**pools[H100]["metadata"], "resourceVersion": "999"}}
+    assert rec.pool_news(KEY, newer)
+    rec.forget(KEY)

@@ -160,12 +160,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
             await reconciler.reconcile_all()
 
     @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry)
-    async def pool_changed(body: kopf.Body, **kw: Any) -> None:
+    async def pool_changed(event: dict, body: kopf.Body, **kw: Any) -> None:
         view.bind(kw)
         key = owner_key(body)
         if key:
             reconciler.pool_seen(key, body)
-            await reconciler.reconcile_or_retry(key)
+            # a version the last pass of its resource already saw brings nothing new
+            if event.get("type") == "DELETED" or reconciler.pool_news(key, body):
+                await reconciler.reconcile_or_retry(key)
 
 
     @kopf.on.event("v1", "persistentvolumeclaims", registry=registry)

@@ -89,6 +89,9 @@ class _Slot:
     desired_memo: tuple[Any, list[dict[str, Any]]] | None = None  # (inputs, objects)
     last_error: str | None = None  # the last unexpected error (its traceback is logged once)
     canaries: dict[str, str] = field(default_factory=dict)  # GPU product → canary pod applied
+    # resourceVersion of each pool Deployment the last pass saw: a watch event with the same
+    # one brings nothing new (at start-up every pool's ADDED event would be a pass each)
+    seen_pools: dict[str, int] = field(default_factory=dict)
 
 
 # Our Service apply stands in for the watch's copy until the watch shows it (then its absence
@@ -188,6 +191,14 @@ class Reconciler:
         ours = slot.pools.get(product_of(body) or "") if slot else None
         if ours is not None and resource_version(body) >= resource_version(ours):
             del slot.pools[product_of(body)]  # type: ignore[union-attr,arg-type]
+
+    def pool_news(self, key: Key, body: Mapping[str, Any]) -> bool:
+        """Whether a pool Deployment's watch event shows what the last pass did not see."""
+        slot = self._slots.get(key)
+        if slot is None:
+            return True
+        seen = slot.seen_pools.get(product_of(body) or "")
+        return seen is None or resource_version(body) > seen
 
     def observed_pools(self, key: Key) -> dict[str, Mapping[str, Any]]:
         """The watched pool Deployments, with our own newer writes the watch hasn't shown."""
@@ -292,6 +303,7 @@ class Reconciler:
         persisted = self.current_status(key, body)
         previous = with_tuning(with_decisions(persisted, decisions), tuning)
         observed_bodies = self.observed_pools(key)
+        self.slot(key).seen_pools = {p: resource_version(d) for p, d in observed_bodies.items()}
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
         now = self.clock()
         spec, problems = self._spec(key, body)
