@@ -298,7 +298,7 @@ class Bench:
             module = importlib.util.module_from_spec(spec)
             sys.modules["bench_reaction"] = module  # its dataclasses look themselves up there
             spec.loader.exec_module(module)
-            rc = module.main(["--out", str(self.args.out)])
+            rc = module.main(["--out", str(self.args.out), *self.args.reaction_args.split()])
         except Exception as err:  # its failure must not lose the scale figures
             log(f"reaction: failed: {err!r}")
             rc = f"failed: {err!r}"

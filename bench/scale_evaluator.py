@@ -159,6 +159,7 @@ class Run:
                                                "pods": a.resources * len(PRODUCTS),
                                                "rollback": self.rollback, "drafts_per_second":
                                                RATE, "acceptance": P}}  # fmt: skip
+        result["template_bytes"] = len(a.template.read_bytes())
         clean = self.pods(False, rng)
         for mode in ("names", "full"):
             src = self.sources(clean, honour=(mode == "names"))
