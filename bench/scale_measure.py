@@ -72,6 +72,9 @@ class Audit:
                 resource = ref.get("resource", "")
                 if ref.get("subresource"):
                     resource += "/" + ref["subresource"]
+                code = (ev.get("responseStatus") or {}).get("code", 0)
+                if verb != "watch" and not 200 <= code < 300:
+                    resource += f" [HTTP {code}]"  # a failed request (e.g. 504 under load)
                 out[(verb, resource)] += 1
         return out
 
@@ -108,9 +111,12 @@ def rollout_writes(
     events = sum(n for (v, r), n in requests.items() if v in AUDIT_WRITE_VERBS and r == "events")
     minimum = deployments + resources + 2 * resources
     total = sum(writes.values())
+    failed = sum(n for k, n in writes.items() if "[HTTP" in k)
     status = sum(n for k, n in writes.items() if k.endswith("/status"))
     return {"by_resource": writes, "total": total, "minimum": minimum,
             "ratio": round(total / minimum, 3) if minimum else None,
+            "failed": failed,
+            "ratio_succeeded": round((total - failed) / minimum, 3) if minimum else None,
             "status_writes": status,
             "status_writes_per_resource": round(status / resources, 2) if resources else None,
             "events": events}  # fmt: skip
