@@ -33,6 +33,8 @@ import argparse
 import json
 import os
 import platform
+import signal
+import statistics
 import sys
 import threading
 import time
@@ -222,7 +224,7 @@ def sweep(b: Bench, classes: list[str], candidates: list[int], ref: int, rounds:
                 if k in ms and ref in ms:
                     ratios.append(ms[k].output_tps / ms[ref].output_tps if k != ref else 1.0)
                     rows.append({"k": row(ms[k]), "ref": row(ms[ref])})
-            ratio = sum(ratios) / len(ratios) if ratios else 0.0
+            ratio = statistics.median(ratios) if ratios else 0.0  # one noisy window moves a mean
             out[cls][k] = {"ratio_to_ref": round(ratio, 4), "windows": rows,
                            "output_tps": round(sum(r["k"]["output_tps"] for r in rows)
                                                / max(len(rows), 1), 2)}
@@ -304,7 +306,7 @@ def markdown(res: dict[str, Any]) -> str:
             f"({', '.join(map(str, t['trials'])) or '-'}) | {'yes' if t['stayed'] else 'no'} | "
             f"{'yes' if r['pass'] else 'no'} |")
     lines += ["", f"Sweep: output tokens/s of K over K={res['profile_k']} in the same windows "
-              "(mean of the rounds):", "",
+              "(median of the rounds):", "",
               "| traffic | " + " | ".join(f"K={k}" for k in res["candidates"]) + " |",
               "|---|" + "---|" * len(res["candidates"])]
     for cls, r in res["classes"].items():
@@ -328,14 +330,16 @@ def write(res: dict[str, Any], out: Path) -> None:
 
 
 def main() -> int:
+    # a stopped run stops its engines too (the `finally` below): SIGTERM as SystemExit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--classes", default=",".join(traffic.CLASSES))
     ap.add_argument("--candidates", default="0,1,2,3,4")
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight per replica")
     ap.add_argument("--max-tokens", type=int, default=traffic.DEFAULT_MAX_TOKENS)
-    ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=4.0)
-    ap.add_argument("--rounds", type=int, default=2, help="sweep windows per K and class")
+    ap.add_argument("--rounds", type=int, default=3, help="sweep windows per K and class")
     ap.add_argument("--stay", type=int, default=10, help="quiet windows that end a tuner run")
     ap.add_argument("--max-windows", type=int, default=24)
     ap.add_argument("--min-gain", type=float, default=0.05)
