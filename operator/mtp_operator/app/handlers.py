@@ -119,31 +119,33 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
     mtpi = (GROUP, VERSION, PLURAL)
 
     @kopf.index(*mtpi, id="mtpi_index", registry=registry)
-    def mtpi_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    async def mtpi_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
         return {(namespace, name): slim(body)}
 
+    # Index functions are coroutines: kopf runs a plain function in its thread pool, one
+    # hand-over per watch event (tens of thousands in a large rollout) for a few dict lookups.
     # Every index returns {} (never None) for an object that no longer qualifies: kopf keeps
     # an object's previous entry when its index function returns None, so a node whose GPU
     # label was removed would stay a node of that product forever.
     @kopf.index("v1", "nodes", id="gpu_node_index", registry=registry)
-    def gpu_node_index(body: kopf.Body, **_: Any) -> dict:
+    async def gpu_node_index(body: kopf.Body, **_: Any) -> dict:
         node = gpu_node_from_body(body)
         return {node.product: node} if node else {}
 
     @kopf.index(
         "apps", "v1", "deployments", labels=OWNED, id="pool_deployment_index", registry=registry
     )
-    def pool_deployment_index(body: kopf.Body, **_: Any) -> dict:
+    async def pool_deployment_index(body: kopf.Body, **_: Any) -> dict:
         key = owner_key(body)
         return {key: slim(body)} if key else {}
 
     @kopf.index("v1", "services", labels=OWNED, id="service_index", registry=registry)
-    def service_index(body: kopf.Body, **_: Any) -> dict:
+    async def service_index(body: kopf.Body, **_: Any) -> dict:
         key = owner_key(body)
         return {key: True} if key else {}
 
     @kopf.index("v1", "pods", labels=OWNED, id="pool_pod_index", registry=registry)
-    def pool_pod_index(namespace: str, name: str, labels: Any, status: Any, **_: Any):
+    async def pool_pod_index(namespace: str, name: str, labels: Any, status: Any, **_: Any):
         ready = any(
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in status.get("conditions") or []
@@ -154,7 +156,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         return {key: (name, status["podIP"])}
 
     @kopf.index("v1", "persistentvolumeclaims", id="claim_index", registry=registry)
-    def claim_index(namespace: str, name: str, **_: Any) -> dict:
+    async def claim_index(namespace: str, name: str, **_: Any) -> dict:
         return {(namespace, name): True}
 
     @kopf.on.event(*mtpi, registry=registry)
