@@ -69,7 +69,8 @@ def test_real_engines_canary_k0_adopted_on_unpredictable_traffic_and_stays(
     spec_before, generation = obj["spec"], obj["metadata"]["generation"]
 
     real = RealPool(kubeconfig, namespace, NAME, H100, vllm=vllm_executable,
-                    model=tiny_model_dir, log_dir=tmp_path / "engines", on_event=print)
+                    model=tiny_model_dir, log_dir=tmp_path / "engines", on_event=print,
+                    threads_per_engine=1)  # 2-3 engines on 2 cores: a fair share each
     with real, PerEngineTraffic(real, "unpredictable", concurrency=2) as load:
         wait_for(lambda: len(real.serving()) == 2, START_TIMEOUT, interval=1,
                  message="two real K=4 engines")
