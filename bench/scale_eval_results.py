@@ -103,9 +103,15 @@ def markdown(r: dict[str, Any]) -> str:
         "exactly (the sources' counters are that closed form, floored to whole numbers). The "
         "decision is the moment the evaluator hands the signal to the rollback actions "
         "(which then patch the pool through the in-memory cluster).",
-        "- The evaluator reads each pod once a round and rounds start every interval, so a "
-        "crossing waits for the pod's next read: up to one interval, uniformly. The p99 of "
-        "that alone is 0.99 of the interval; what the evaluator adds is the rest.",
+        "- The evaluator reads each pod once a round; rounds start every interval and within "
+        "one the pools start one after the other over half of it, each at the same place "
+        "every round. A crossing waits for the pod's next read: up to one interval, "
+        "uniformly; the p99 of that alone is 0.99 of the interval, what the evaluator adds "
+        "is the rest. A round's time is from its start to its last pool's end (so at least "
+        "half the interval).",
+        f"- The sources close a connection idle for {s.get('keepalive_seconds', 0):g} s "
+        "(vLLM's API server: 5 s), so every read opens a new connection, as against a real "
+        "engine; a 0 means they kept connections open.",
         "- Floor: the same URLs and headers, the same concurrency "
         "(MAX_PARALLEL_SCRAPES) and time-out, bodies read and dropped.",
         "- The metric sources (bench/scale_sources.py) run in one process beside the "

@@ -1,8 +1,8 @@
 """One measured process of the evaluator benchmark (bench/scale_evaluator.py runs it).
 
 floor      A bare client: every `interval` seconds it fetches every pod's metrics URL (the
-           evaluator's own URL and headers, the same concurrency and time-out) and reads each
-           body; it parses nothing.
+           evaluator's own URL and headers, the same concurrency and time-out, started over
+           the same part of the interval) and reads each body; it parses nothing.
 evaluator  The operator's built-in evaluator (control/evaluator.py: run_evaluator, Evaluator,
            the real Reconciler and RollbackActions) over an in-memory cluster view
            (tests/support/fake_cluster.py, checked against the real watches by
@@ -61,7 +61,11 @@ async def floor(cfg: dict[str, Any]) -> dict[str, Any]:
     sem = asyncio.Semaphore(scrape.MAX_PARALLEL_SCRAPES)
     ok = []
 
-    async def fetch(session: aiohttp.ClientSession, ip: str) -> int:
+    spread = cfg["interval"] * evaluator_module.SPREAD_FRACTION  # as the evaluator's rounds
+    step = spread / len(ips)
+
+    async def fetch(session: aiohttp.ClientSession, i: int, ip: str, t0: float) -> int:
+        await asyncio.sleep(max(0.0, t0 + i * step - loop.time()))
         async with sem:
             try:
                 url = scrape.metrics_url(ip, cfg["port"])
@@ -74,7 +78,8 @@ async def floor(cfg: dict[str, Any]) -> dict[str, Any]:
         due = loop.time()
         for _ in range(cfg["rounds"]):
             started = loop.time()
-            sizes = await asyncio.gather(*(fetch(session, ip) for ip in ips))
+            sizes = await asyncio.gather(*(fetch(session, i, ip, started)
+                                           for i, ip in enumerate(ips)))  # fmt: skip
             rounds.add(started, loop.time())
             ok.append(sum(1 for s in sizes if s))
             due = max(due + cfg["interval"], loop.time())

@@ -79,7 +79,8 @@ class Run:
     def sources(self, pods: list[dict[str, Any]], honour: bool) -> subprocess.Popen:
         cfg = {"template": str(self.args.template), "pods": pods, "port": self.args.port,
                "start": self.start, "rate": RATE, "p": P, "honour_names": honour,
-               "slow_seconds": self.args.slow_seconds}  # fmt: skip
+               "slow_seconds": self.args.slow_seconds,
+               "keepalive_seconds": self.args.keepalive_seconds}  # fmt: skip
         path = self.work / "sources.json"
         path.write_text(json.dumps(cfg))
         proc = subprocess.Popen([sys.executable, str(BENCH / "scale_sources.py"), "--config",
@@ -192,6 +193,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=30, help="rollback.windowSeconds")
     p.add_argument("--crossings", type=int, default=60)
     p.add_argument("--slow-seconds", type=float, default=2.0)
+    p.add_argument("--keepalive-seconds", type=float, default=5.0,
+                   help="sources close idle connections after this (vLLM: 5); 0: never")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--seed", type=int, default=15)
     p.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE)

@@ -12,6 +12,10 @@ drafts D = rate·(t - start); draft tokens = K·D; accepted at position j
 c_j = p^(j+1)·rate·(min(t, degrade_i) - start); accepted = Σ c_j. A pod with a degrade time
 stops accepting at that moment.
 
+Connections idle for --keepalive-seconds are closed (vLLM's API server, uvicorn, keeps an
+idle connection 5 s: VLLM_HTTP_TIMEOUT_KEEP_ALIVE), so a scraper reading every 15 s opens a
+new connection for each read, as against a real engine.
+
 Pod kinds: `ok`; `dead` (no socket on its IP: connection refused); `hang` (accepts, never
 answers); `slow` (answers after --slow-seconds).
 
@@ -84,22 +88,37 @@ def counters(t: float, start: float, rate: float, p: float, k: int, degrade: flo
             "accepted": sum(per), "per_pos": per}  # fmt: skip
 
 
-def render(lines: list[Line], values: dict[str, Any], names: set[str] | None) -> bytes:
-    """The exposition with live values; with `names`, only those samples' families (their
-    HELP/TYPE lines and the samples named), as prometheus_client's restricted registry."""
-    keep = None
-    if names is not None:
-        keep = {ln.family for ln in lines if ln.sample in names}
-    out = []
+def segments(lines: list[Line], names: frozenset[str] | None) -> list[bytes | Line]:
+    """The exposition as static byte runs and live lines; with `names`, only those samples'
+    families (their HELP/TYPE lines and the samples named), as prometheus_client's
+    restricted registry answers."""
+    keep = None if names is None else {ln.family for ln in lines if ln.sample in names}
+    out: list[bytes | Line] = []
+    run: list[bytes] = []
     for ln in lines:
         if keep is not None:
             if ln.family not in keep or (ln.sample is not None and ln.sample not in names):
                 continue
         if ln.slot is None:
-            out.append(ln.text)
+            run.append(ln.text)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(ln)
+    if run:
+        out.append(b"".join(run))
+    return out
+
+
+def render(parts: list[bytes | Line], values: dict[str, Any]) -> bytes:
+    out = []
+    for part in parts:
+        if isinstance(part, bytes):
+            out.append(part)
         else:
-            v = values[ln.slot][ln.position] if ln.slot == "per_pos" else values[ln.slot]
-            out.append(ln.prefix + f"{float(v)!r}\n".encode())
+            v = values[part.slot][part.position] if part.slot == "per_pos" else values[part.slot]
+            out.append(part.prefix + f"{float(v)!r}\n".encode())
     return b"".join(out)
 
 
@@ -109,6 +128,7 @@ class Sources:
         self.lines, self.k = load_template(Path(cfg["template"]))
         self.pods: dict[str, dict[str, Any]] = {p["ip"]: p for p in cfg["pods"]}
         self.served = 0
+        self._parts: dict[frozenset[str] | None, list[bytes | Line]] = {}
 
     def answer(self, ip: str, head: bytes) -> bytes:
         pod = self.pods[ip]
@@ -120,10 +140,13 @@ class Sources:
         names = None
         if self.cfg.get("honour_names"):
             asked = parse_qs(url.query).get("name[]")
-            names = set(asked) if asked else None
+            names = frozenset(asked) if asked else None
         values = counters(time.time(), self.cfg["start"], self.cfg["rate"], self.cfg["p"],
                           self.k, pod.get("degrade"))  # fmt: skip
-        body = render(self.lines, values, names)
+        parts = self._parts.get(names)
+        if parts is None:
+            parts = self._parts[names] = segments(self.lines, names)
+        body = render(parts, values)
         headers = [b"HTTP/1.1 200 OK",
                    b"Content-Type: text/plain; version=0.0.4; charset=utf-8"]  # fmt: skip
         if b"gzip" in rest.lower().split(b"accept-encoding:", 1)[-1].split(b"\r\n", 1)[0]:
@@ -140,11 +163,31 @@ class Conn(asyncio.Protocol):
         self.kind = sources.pods[ip].get("kind", "ok")
         self.transport: asyncio.Transport | None = None
 
+    idle: asyncio.TimerHandle | None = None
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.idle is not None:
+            self.idle.cancel()
+
+    def _arm(self) -> None:
+        """Close the connection after keepalive_seconds without a request."""
+        if self.idle is not None:
+            self.idle.cancel()
+        seconds = self.sources.cfg.get("keepalive_seconds")
+        if seconds and self.kind != "hang":
+            self.idle = asyncio.get_running_loop().call_later(seconds, self._close)
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        self._arm()
         while b"\r\n\r\n" in self.buf:
             head, self.buf = self.buf.split(b"\r\n\r\n", 1)
             if self.kind == "hang":
@@ -159,6 +202,7 @@ class Conn(asyncio.Protocol):
     def _send(self, reply: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(reply)
+            self._arm()  # idle from the answer on
 
 
 async def serve(cfg: dict[str, Any]) -> None:

@@ -133,7 +133,7 @@ async def test_a_hanging_pod_gets_its_own_lane_after_its_first_failure(
 
 async def test_rounds_start_every_interval_however_long_a_round_takes() -> None:
     class SlowRounds:
-        async def tick(self, session, now) -> int:
+        async def tick(self, session, now, spread=0.0) -> int:
             await asyncio.sleep(0.2)
             return 0
 
@@ -153,3 +153,38 @@ async def test_rounds_start_every_interval_however_long_a_round_takes() -> None:
     gaps = sorted(b - a for a, b in itertools.pairwise(starts))
     # a sleep of `interval` after each round would make the gaps 0.5 s
     assert 0.28 <= gaps[len(gaps) // 2] < 0.45, gaps
+
+
+async def test_spread_pools_start_in_a_stable_order_over_the_spread(monkeypatch) -> None:
+    products = ["NVIDIA-A100-SXM4-80GB", H100, "NVIDIA-L40S", "NVIDIA-H200"]
+    kube = FakeKube()
+    view = FakeView(nodes=[node(f"n{i}", p) for i, p in enumerate(products)])
+    for name in ("b", "a"):
+        view.add(mtpinference(name, {"model": "org/model", "tensorParallelSize": 8}))
+    reconciler = Reconciler(kube, view, OperatorSettings())
+    for _ in range(2):
+        await reconciler.reconcile_all()
+        view.deliver(kube, ready=True)
+    for key in view.resource_keys():
+        for p in products:
+            view.pods[(key, p)] = {"pod": f"{key[1]}|{p}"}  # never scraped for real
+    loop = asyncio.get_running_loop()
+    starts: list[tuple[float, str]] = []
+
+    async def note(session, ip, sem, port):
+        starts.append((loop.time(), ip))
+        return None, 0.0
+
+    monkeypatch.setattr(evaluator_module, "scrape_pod_timed", note)
+    evaluator = Evaluator(RollbackActions(kube, view, reconciler))
+    orders = []
+    for _ in range(2):
+        starts.clear()
+        t0 = loop.time()
+        await evaluator.tick(None, evaluator_module.datetime.now(evaluator_module.UTC), 0.8)  # type: ignore[arg-type]
+        orders.append([ip for _, ip in starts])
+        offsets = [t - t0 for t, _ in starts]
+        assert offsets == sorted(offsets) and len(offsets) == 8
+        assert offsets[-1] >= 0.7 * 7 / 8 * 0.8  # spread over 0.8 s, one pool each 0.1 s
+        assert all(b - a >= 0.05 for a, b in itertools.pairwise(offsets))
+    assert orders[0] == orders[1] == sorted(orders[0])  # by resource, then product
