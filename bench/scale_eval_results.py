@@ -46,8 +46,8 @@ def markdown(r: dict[str, Any]) -> str:
         "| measure | figure | target |",
         "|---|---|---|",
     ]
-    modes = (("names", "sources answer only the name[] asked for (as vLLM does)"),
-             ("full", "sources ignore name[] and send the whole exposition"))  # fmt: skip
+    modes = (("full", "sources send the whole exposition whatever is asked, as vLLM does"),
+             ("names", "sources answer only the name[] asked for (prometheus_client)"))  # fmt: skip
     for mode, text in modes:
         if mode not in r:
             continue
@@ -77,7 +77,7 @@ def markdown(r: dict[str, Any]) -> str:
         k, d = f["kinds"], f["decisions"]
         lines += [
             f"| **faults**: {k['dead']} pods dead (refused), {k['hang']} hanging (never "
-            f"answer), {k['slow']} slow ({s['slow_seconds']:.0f} s); sources answer name[] | "
+            f"answer), {k['slow']} slow ({s['slow_seconds']:.0f} s); whole expositions | "
             "| |",
             f"| one round (median; max): ends with the hanging pods' time-outs | "
             f"{f['median_round_seconds']:.2f} s ({f['max_round_seconds']:.2f} s) | "

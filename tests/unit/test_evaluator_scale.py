@@ -1,6 +1,7 @@
-"""The built-in evaluator at scale: it asks vLLM's /metrics (prometheus_client, the library
-vLLM serves it with) for the spec-decode samples only; pods whose last scrape failed or was
-slow get a lane of their own; rounds keep a fixed cadence."""
+"""The built-in evaluator at scale: it asks /metrics for the spec-decode samples only
+(prometheus_client's name[] filter; a server that ignores it, as vLLM does, costs only the
+bytes: spec_snapshot skips the rest); pods whose last scrape failed or was slow get a lane of
+their own; rounds keep a fixed cadence, the pools spread over part of it."""
 
 from __future__ import annotations
 
