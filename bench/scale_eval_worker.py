@@ -74,7 +74,8 @@ async def floor(cfg: dict[str, Any]) -> dict[str, Any]:
             except (aiohttp.ClientError, TimeoutError):
                 return 0
 
-    async with aiohttp.ClientSession(timeout=scrape.SCRAPE_TIMEOUT) as session:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2 * cfg["interval"] + 5)
+    async with aiohttp.ClientSession(timeout=scrape.SCRAPE_TIMEOUT, connector=connector) as session:
         due = loop.time()
         for _ in range(cfg["rounds"]):
             started = loop.time()

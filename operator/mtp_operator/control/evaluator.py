@@ -149,7 +149,10 @@ async def run_evaluator(
     evaluator = evaluator or Evaluator(actions)
     spread = interval * SPREAD_FRACTION
     loop = asyncio.get_running_loop()
-    async with aiohttp.ClientSession(timeout=SCRAPE_TIMEOUT) as session:
+    # idle connections kept past the next round (mtp-runtime starts vLLM with a keep-alive
+    # longer than that), one a pod: concurrency is bounded by the lanes, not the pool
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2 * interval + 5)
+    async with aiohttp.ClientSession(timeout=SCRAPE_TIMEOUT, connector=connector) as session:
         due = loop.time()
         while True:
             started, signals = loop.time(), 0
