@@ -90,7 +90,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"Scale run of {r['started'][:10]} (`make bench` = `python bench/run.py`; raw figures in "
         "[scale.json](scale.json)). The built-in evaluator at 4,000 pods: "
         "[evaluator.md](evaluator.md) (bench/scale_evaluator.py, run by bench/run.py after "
-        "this). Alert -> patch timing and webhook bursts: [reaction.md](reaction.md) "
+        "this; sources keeping connections 75 s, as mtp-runtime starts vLLM), and at vLLM's "
+        "default keep-alive of 5 s: [evaluator-keepalive-5s.md](evaluator-keepalive-5s.md). "
+        "Alert -> patch timing and webhook bursts: [reaction.md](reaction.md) "
         "(bench/reaction.py, run by bench/run.py on the same sandbox). Pool restarts with "
         "and without a model cache: [model-cache.md](model-cache.md) (`make bench-cache`).",
         "",
