@@ -109,13 +109,23 @@ def markdown(r: dict[str, Any]) -> str:
         "uniformly; the p99 of that alone is 0.99 of the interval, what the evaluator adds "
         "is the rest. A round's time is from its start to its last pool's end (so at least "
         "half the interval).",
-        f"- The sources close a connection idle for {s.get('keepalive_seconds', 0):g} s "
-        "(vLLM's API server: 5 s), so every read opens a new connection, as against a real "
-        "engine; a 0 means they kept connections open.",
+        _keepalive(s.get("keepalive_seconds", 0), interval),
         "- Floor: the same URLs and headers, the same concurrency "
         "(MAX_PARALLEL_SCRAPES) and time-out, bodies read and dropped.",
         "- The metric sources (bench/scale_sources.py) run in one process beside the "
         "evaluator on the same 2 CPUs; their CPU is not the evaluator's.",
+        *[f"- {n}" for n in r.get("notes") or []],
         "",
     ]
     return "\n".join(lines)
+
+
+def _keepalive(seconds: float, interval: float) -> str:
+    if seconds and seconds < interval:
+        return (f"- The sources close a connection idle for {seconds:g} s (vLLM's own "
+                "default), so every read opens a new connection.")  # fmt: skip
+    if seconds:
+        return (f"- The sources close a connection idle for {seconds:g} s, as vLLM does when "
+                "mtp-runtime starts it (VLLM_HTTP_TIMEOUT_KEEP_ALIVE=75): each pod's "
+                "connection is reused from round to round.")  # fmt: skip
+    return "- The sources never close an idle connection."
