@@ -16,12 +16,23 @@ REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
 
 
+def wait_crd_established(kubectl, name: str = "mtpinferences.mtp-operator.io",
+                         timeout: float = 60) -> None:
+    """Until the CRD's Established condition is True. Not `kubectl wait --for=condition=...`:
+    asked before the API server has written the new CRD's first conditions, kubectl fails at
+    once ("accessor error: <nil> ... expected []interface{}") instead of waiting."""
+    path = '{.status.conditions[?(@.type=="Established")].status}'
+
+    def established() -> bool:
+        return kubectl("get", "crd", name, "-o", f"jsonpath={path}").stdout.strip() == "True"
+
+    wait_for(established, timeout, interval=0.5, message=f"CRD {name} Established")
+
+
 @pytest.fixture(scope="session")
 def crd_installed(kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl(
-        "wait", "--for=condition=Established", "crd/mtpinferences.mtp-operator.io", "--timeout=60s"
-    )
+    wait_crd_established(kubectl)
 
 
 @pytest.fixture
