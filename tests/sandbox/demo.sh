@@ -80,7 +80,8 @@ kubectl apply --server-side --force-conflicts -f crds/mtp-operator.io_mtpinferen
 # fails at once instead of waiting)
 for i in $(seq 120); do
     [[ $(kubectl get crd mtpinferences.mtp-operator.io \
-        -o jsonpath='{.status.conditions[?(@.type=="Established")].status}') == True ]] && break
+        -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null) == True ]] &&
+        break
     [[ $i == 120 ]] && { echo "CRD not Established after 60 s"; exit 1; }
     sleep 0.5
 done
