@@ -124,9 +124,17 @@ def row(m: Measurement, wall: float | None = None) -> dict[str, Any]:
             "seconds": round(m.seconds, 2)}
 
 
-def scrape(eng: RealEngine) -> Any:
-    with urllib.request.urlopen(eng.metrics_url, timeout=10) as resp:
-        return pod_sample(time.time(), resp.read().decode())
+def scrape(eng: RealEngine, tries: int = 3) -> Any:
+    """The engine's counters now; None when it does not answer (a busy engine on a loaded
+    machine can take many seconds): that window is then left out, as the tuner leaves out a
+    pod it could not scrape."""
+    for _ in range(tries):
+        try:
+            with urllib.request.urlopen(eng.metrics_url, timeout=30) as resp:
+                return pod_sample(time.time(), resp.read().decode())
+        except OSError:
+            time.sleep(1)
+    return None
 
 
 class Replica:
@@ -207,6 +215,9 @@ class Pool:
         cpu = {r.name: r.eng.cpu_seconds() - cpu0[r.name] for r in self.replicas}
         out = {}
         self.wall = {}
+        if None in first.values() or None in last.values():
+            print("  a scrape failed: window left out", flush=True)
+            return out
         for k in {r.k for r in self.replicas}:
             names = [r.name for r in self.replicas if r.k == k]
             group = {n: [first[n], last[n]] for n in names}
