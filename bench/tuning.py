@@ -347,7 +347,8 @@ def markdown(res: dict[str, Any]) -> str:
             f"K={t['final_k']}: {t['share']:.1%} | {len(t['trials'])} "
             f"({', '.join(map(str, t['trials'])) or '-'}) | {'yes' if t['stayed'] else 'no'} | "
             f"{'yes' if r['pass'] else 'no'} |")
-    lines += ["", f"Sweep: output tokens/s of K over K={res['profile_k']} in the same windows "
+    lines += ["", f"Sweep: output per engine CPU-second of K over K={res['profile_k']} in the "
+              "same windows "
               "(median of the rounds):", "",
               "| traffic | " + " | ".join(f"K={k}" for k in res["candidates"]) + " |",
               "|---|" + "---|" * len(res["candidates"])]
