@@ -127,23 +127,33 @@ def scrape(eng: RealEngine) -> Any:
 
 
 class Replica:
-    """One engine of the pool with its own closed-loop load."""
+    """One engine of the pool with its own closed-loop load (started by `resume`)."""
 
     def __init__(self, b: Bench, name: str, k: int, cls: str) -> None:
         self.b, self.name, self.k, self.cls = b, name, k, cls
         self.eng = b.engine(k)
-        self.load = Load(self.eng.url, cls, b.concurrency, b.max_tokens).__enter__()
+        self.load: Load | None = None
         self.start_s = self.eng.started_s
 
+    def pause(self) -> None:
+        if self.load is not None:
+            self.load.__exit__()
+            self.load = None
+
+    def resume(self) -> None:
+        if self.load is None:
+            self.load = Load(self.eng.url, self.cls, self.b.concurrency,
+                             self.b.max_tokens).__enter__()
+
     def stop(self) -> None:
-        self.load.__exit__()
+        self.pause()
         self.eng.stop()
 
     def traffic(self, cls: str) -> None:
         if cls != self.cls:
-            self.load.__exit__()
+            self.pause()
             self.cls = cls
-            self.load = Load(self.eng.url, cls, self.b.concurrency, self.b.max_tokens).__enter__()
+            self.resume()
 
 
 class Pool:
@@ -152,14 +162,24 @@ class Pool:
     def __init__(self, b: Bench, ks: tuple[int, int], cls: str) -> None:
         self.b = b
         self.replicas = [Replica(b, f"r{i}", k, cls) for i, k in enumerate(ks)]
-        time.sleep(b.warmup)
+        self._resume()
+
+    def _resume(self) -> None:
+        for r in self.replicas:
+            r.resume()
+        time.sleep(self.b.warmup)
 
     def set_k(self, i: int, k: int) -> None:
+        """Restart replica i at K. The other replica's load pauses meanwhile: on two cores a
+        loaded engine starves a starting one for many minutes, and the restart is not what is
+        measured (windows start after it, on both replicas at once)."""
         r = self.replicas[i]
         if r.k != k:
+            for other in self.replicas:
+                other.pause()
             r.stop()
             self.replicas[i] = Replica(self.b, r.name, k, r.cls)
-            time.sleep(self.b.warmup)
+            self._resume()
 
     def traffic(self, cls: str) -> None:
         for r in self.replicas:
@@ -211,13 +231,16 @@ def sweep(b: Bench, classes: list[str], candidates: list[int], ref: int, rounds:
     return out
 
 
-def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows: int):
+def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows: int,
+         table: list[Measurement] | None = None, history: list[Trial] | None = None):
     """The tuner on the real 2-replica pool: canary trials (replica 1 at the trial K, same
-    windows as replica 0), adoption rolls replica 0 too. Returns (log, trials, final K)."""
+    windows as replica 0), adoption rolls replica 0 too. `table` and `history` carry on a
+    tuner that already ran (its memory, as the operator keeps it). Returns (log, trials,
+    final K); `table` and `history` grow in place."""
     running = pool.replicas[0].k
     trial: Trial | None = None
-    table: list[Measurement] = []
-    history: list[Trial] = []
+    table = [] if table is None else table
+    history = [] if history is None else history
     log: list[dict[str, Any]] = []
     trials: list[int] = []
     quiet = 0
@@ -287,6 +310,14 @@ def markdown(res: dict[str, Any]) -> str:
     for cls, r in res["classes"].items():
         lines.append(f"| {cls} | " + " | ".join(
             f"{r['sweep'][str(k)]['ratio_to_ref']:.3f}" for k in res["candidates"]) + " |")
+    sw = res.get("switch")
+    if sw:
+        lines += ["", f"Traffic switched under the tuned pool ({sw['from_class']} -> "
+                  f"{sw['to_class']}): the tuner went from K={sw['start_k']} to "
+                  f"K={sw['final_k']} ({sw['share']:.1%} of {sw['to_class']}'s best) after "
+                  f"{len(sw['trials'])} trials ({', '.join(map(str, sw['trials'])) or '-'}); "
+                  f"stayed: {'yes' if sw['stayed'] else 'no'}; pass: "
+                  f"{'yes' if sw['pass'] else 'no'}."]
     return "\n".join(lines) + "\n"
 
 
@@ -346,7 +377,9 @@ def main() -> int:
             pool.set_k(0, ref)
             pool.set_k(1, ref)
             pool.traffic(cls)
-            log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows)
+            table, history = [], []
+            log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows,
+                                      table, history)
             sw = sweeps[cls]
             stayed = len(log) >= args.stay and len(
                 {tuple(e["ks"]) for e in log[-args.stay:]}) == 1
@@ -358,10 +391,31 @@ def main() -> int:
             print(f"{cls}: best K={r['best_k']}; profile K={ref} {r['profile_share']:.1%}; "
                   f"tuner K={final} {r['tuner']['share']:.1%} after {len(trials)} trials",
                   flush=True)
+        if len(classes) > 1:
+            # the traffic changes under a tuned pool: from the last class's tuned K, the first
+            # class's traffic again; the tuner must move to that class's best K once more
+            cls, last = classes[0], res["classes"][classes[-1]]["tuner"]["final_k"]
+            print(f"switch: {classes[-1]} -> {cls}, tuner from K={last}", flush=True)
+            pool.traffic(cls)
+            # the same tuner carries on: its table still holds the other class's windows
+            log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows,
+                                      table, history)
+            sw = sweeps[cls]
+            stayed = len(log) >= args.stay and len(
+                {tuple(e["ks"]) for e in log[-args.stay:]}) == 1
+            res["switch"] = {"from_class": classes[-1], "to_class": cls, "start_k": last,
+                             "final_k": final, "share": share(sw, final), "trials": trials,
+                             "stayed": stayed, "windows": log,
+                             "pass": share(sw, final) >= 0.95 and len(trials) <= 3 and stayed}
+            write(res, out)
+            print(f"switch to {cls}: tuner K={last} -> K={final} {share(sw, final):.1%} "
+                  f"after {len(trials)} trials", flush=True)
     finally:
         pool.stop()
     print(markdown(res))
-    return 0 if all(r.get("pass") for r in res["classes"].values()) else 1
+    passed = [r.get("pass") for r in res["classes"].values()]
+    passed.append(res.get("switch", {}).get("pass", True))
+    return 0 if all(passed) else 1
 
 
 if __name__ == "__main__":

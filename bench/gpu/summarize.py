@@ -1,6 +1,11 @@
 """Turn what `measure.sh` wrote under $OUT into bench/results/h200.{json,md} and test fixtures.
 
     python3 bench/gpu/summarize.py DIR [--calls 'smoke=312,sweep=540'] [--bundle-mib 40.1]
+    python3 bench/gpu/summarize.py DIR --merge --calls 'sweep2=560'   # add K to the committed run
+
+`--merge` keeps the committed h200.json's runs and servers for every K the new run did not
+measure (a device call holds a few K: the K=0..6 table is filled over several calls); it refuses
+a run from another GPU, driver, vLLM or torch, where the figures would not be comparable.
 
 DIR holds results.json, env.txt, detect.json, install.json, expositions.tar.gz (as they came
 back from the GPU machine). Fixtures: real vLLM 0.26.0 expositions for K=1 and K=4 go to
@@ -73,6 +78,24 @@ def table(runs: list[dict], cls: str) -> list[str]:
     return [*lines, ""]
 
 
+SAME_MACHINE = ("nvidia-smi", "nvidia-smi-header", "vllm", "torch")
+
+
+def merged(prev: dict, res: dict, env: dict, calls: dict) -> tuple[dict, dict]:
+    """`res` (one device call's results.json) with the committed results of the other K."""
+    for key in SAME_MACHINE:
+        if prev["machine"].get(key) != env.get(key):
+            raise SystemExit(f"summarize --merge: {key} differs from the committed run "
+                             f"({prev['machine'].get(key)!r} vs {env.get(key)!r}): not comparable")
+    new_ks = {r["k"] for r in res["runs"]} | {s["k"] for s in res["servers"]}
+    out = dict(res)
+    out["runs"] = [r for r in prev["runs"] if r["k"] not in new_ks] + res["runs"]
+    out["servers"] = [s for s in prev["servers"] if s["k"] not in new_ks] + res["servers"]
+    measured = {r["k"] for r in out["runs"] if "error" not in r}
+    out["skipped"] = [s for s in prev["skipped"] + res["skipped"] if s["k"] not in measured]
+    return out, {**{k: str(v) for k, v in prev.get("device_calls_s", {}).items()}, **calls}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", type=Path)
@@ -80,6 +103,8 @@ def main() -> int:
     ap.add_argument("--bundle-mib", type=float, default=None)
     ap.add_argument("--fixture-ks", default="1,4")
     ap.add_argument("--root", type=Path, default=ROOT, help="write under this checkout")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the committed results for the K this run did not measure")
     args = ap.parse_args()
     root = args.root
     fixture_dir = root / FIXTURE_DIR.relative_to(ROOT)
@@ -89,6 +114,9 @@ def main() -> int:
     detect = json.loads((d / "detect.json").read_text())
     install = json.loads((d / "install.json").read_text())
     calls = dict(kv.split("=", 1) for kv in args.calls.split(",") if kv)
+    if args.merge:
+        res, calls = merged(json.loads((root / "bench" / "results" / "h200.json").read_text()),
+                            res, env, calls)
     out = {
         "machine": env, "detect": detect,
         "bundle": {"mib": args.bundle_mib, "installed": install.get("installed"),

@@ -21,7 +21,8 @@ Driven by a test:
 
 Or as a CLI that advances its counters by itself every second, so Prometheus sees rates:
 
-    PYTHONPATH=tests python -m support.fake_vllm --port 8000 --k 4 --acceptance 0.9 --drafts-per-second 50
+    PYTHONPATH=tests python -m support.fake_vllm --port 8000 --k 4 --acceptance 0.9 \
+        --drafts-per-second 50
 """
 
 from __future__ import annotations

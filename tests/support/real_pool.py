@@ -368,6 +368,12 @@ class RealPool:
         self.stop()
 
     # -- reading ------------------------------------------------------------------------
+    def serving(self) -> list[EngineRun]:
+        """Every engine serving a pod of the pool now (healthy, not stopped), oldest first."""
+        with self._lock:
+            return [r for r in self.active.values()
+                    if r.healthy_at and r.served_model and r.stopped_at is None]
+
     def current(self) -> EngineRun | None:
         """The healthy engine serving the pool now (the newest one), or None."""
         with self._lock:

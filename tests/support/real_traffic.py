@@ -93,3 +93,86 @@ class Traffic:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class PerEngineTraffic:
+    """A closed loop of `concurrency` requests for EVERY healthy engine of the pool at once.
+
+    A pool of several replicas behind one Service sees the same traffic mix on each replica;
+    what tuning compares is each replica's output at its own concurrency, so each engine gets
+    its own loop (a round-robin over engines would hand every engine the same request count
+    and hide the faster one). Each completion is recorded as (time done, completion tokens)
+    per pod: `tokens_per_second(pod, t0, t1)` is the client's own count of what that engine
+    produced, independent of vLLM's counters and of the operator.
+    """
+
+    def __init__(self, pool: RealPool, cls: str, *, concurrency: int = 2,
+                 max_tokens: int = traffic.DEFAULT_MAX_TOKENS, seed: int = 0) -> None:
+        if cls not in traffic.CLASSES:
+            raise ValueError(f"unknown traffic class {cls!r}: one of {traffic.CLASSES}")
+        self.pool, self.cls = pool, cls
+        self.concurrency, self.max_tokens = concurrency, max_tokens
+        self._prompts = itertools.cycle(traffic.prompts(cls, PROMPTS_PER_CLASS, seed))
+        self._lock = threading.Lock()
+        self.done: dict[str, list[tuple[float, int]]] = {}  # pod -> [(time.time(), tokens)]
+        self.failed = 0
+        self._stop = threading.Event()
+        self._loops: dict[str, list[threading.Thread]] = {}
+        self._watch: threading.Thread | None = None
+
+    def _prompt(self) -> list[int]:
+        with self._lock:
+            return next(self._prompts)
+
+    def _loop(self, run) -> None:
+        pod = run.launch.pod
+        while not self._stop.is_set() and run.stopped_at is None:
+            try:
+                reply = traffic.send(run.url, run.served_model, self._prompt(), self.max_tokens,
+                                     timeout=120)
+            except OSError:  # the engine is going away (its pod was replaced)
+                with self._lock:
+                    self.failed += 1
+                self._stop.wait(0.2)
+                continue
+            n = int((reply.get("usage") or {}).get("completion_tokens") or 0)
+            with self._lock:
+                self.done.setdefault(pod, []).append((time.time(), n))
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            for run in self.pool.serving():
+                if run.launch.pod not in self._loops:
+                    self._loops[run.launch.pod] = threads = [
+                        threading.Thread(target=self._loop, args=(run,), daemon=True,
+                                         name=f"load-{run.launch.pod}-{i}")
+                        for i in range(self.concurrency)]
+                    for t in threads:
+                        t.start()
+            self._stop.wait(0.2)
+
+    def tokens_per_second(self, pod: str, t0: float, t1: float) -> float:
+        """Completion tokens of requests to `pod` that finished in [t0, t1] (epoch seconds,
+        the clock of the operator's status times), per second."""
+        with self._lock:
+            n = sum(tokens for t, tokens in self.done.get(pod, []) if t0 <= t <= t1)
+        return n / (t1 - t0)
+
+    def start(self) -> PerEngineTraffic:
+        self._watch = threading.Thread(target=self._follow, daemon=True, name="load-follow")
+        self._watch.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.join(timeout=5)
+        for threads in self._loops.values():
+            for t in threads:
+                t.join(timeout=130)
+
+    def __enter__(self) -> PerEngineTraffic:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
