@@ -33,11 +33,13 @@ import argparse
 import json
 import os
 import platform
+import signal
+import statistics
 import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -113,17 +115,26 @@ class Bench:
                           start_timeout=900).start()
 
 
-def row(m: Measurement) -> dict[str, Any]:
-    return {"k": m.k, "output_tps": round(m.output_tps, 2),
+def row(m: Measurement, wall: float | None = None) -> dict[str, Any]:
+    return {"k": m.k, "output_tokens_per_cpu_s": round(m.output_tps, 2),
+            "wall_output_tps": None if wall is None else round(wall, 2),
             "tokens_per_step": round(m.tokens_per_step, 3),
             "acceptance": [round(a, 3) for a in m.acceptance],
             "concurrency": None if m.concurrency is None else round(m.concurrency, 2),
             "seconds": round(m.seconds, 2)}
 
 
-def scrape(eng: RealEngine) -> Any:
-    with urllib.request.urlopen(eng.metrics_url, timeout=10) as resp:
-        return pod_sample(time.time(), resp.read().decode())
+def scrape(eng: RealEngine, tries: int = 3) -> Any:
+    """The engine's counters now; None when it does not answer (a busy engine on a loaded
+    machine can take many seconds): that window is then left out, as the tuner leaves out a
+    pod it could not scrape."""
+    for _ in range(tries):
+        try:
+            with urllib.request.urlopen(eng.metrics_url, timeout=30) as resp:
+                return pod_sample(time.time(), resp.read().decode())
+        except OSError:
+            time.sleep(1)
+    return None
 
 
 class Replica:
@@ -161,6 +172,7 @@ class Pool:
 
     def __init__(self, b: Bench, ks: tuple[int, int], cls: str) -> None:
         self.b = b
+        self.wall: dict[int, float] = {}  # the last window's wall-clock output tokens/s per K
         self.replicas = [Replica(b, f"r{i}", k, cls) for i, k in enumerate(ks)]
         self._resume()
 
@@ -187,19 +199,37 @@ class Pool:
         time.sleep(self.b.warmup)
 
     def window(self) -> dict[int, Measurement]:
-        """One window over both replicas at once; a measurement per K running."""
+        """One window over both replicas at once; a measurement per K running.
+
+        Per engine CPU-second: each engine's output and step time are taken over the CPU
+        time its processes got in the window, not over wall time. The two cores are shared
+        with other work whose load swings from minute to minute; within one window it gave
+        one engine 30 times the share of the other (wall-clock ratios from 0.01 to 31 for the
+        same pair of K). Over its own CPU time an engine's figure is what it would make on a
+        CPU of its own, which is what a GPU replica has. The wall-clock figure is kept beside
+        it (`wall_output_tps`)."""
+        cpu0 = {r.name: r.eng.cpu_seconds() for r in self.replicas}
         first = {r.name: scrape(r.eng) for r in self.replicas}
         time.sleep(self.b.window)
         last = {r.name: scrape(r.eng) for r in self.replicas}
+        cpu = {r.name: r.eng.cpu_seconds() - cpu0[r.name] for r in self.replicas}
         out = {}
+        self.wall = {}
+        if None in first.values() or None in last.values():
+            print("  a scrape failed: window left out", flush=True)
+            return out
         for k in {r.k for r in self.replicas}:
-            group = {r.name: [first[r.name], last[r.name]] for r in self.replicas if r.k == k}
+            names = [r.name for r in self.replicas if r.k == k]
+            group = {n: [first[n], last[n]] for n in names}
             t0 = min(s[0].t for s in group.values())
             t1 = max(s[1].t for s in group.values())
             w = window_counters(k, group, t0, t1)
             m = measure(w) if w is not None else None
-            if m is not None:
-                out[k] = m
+            used = sum(cpu[n] for n in names)
+            if m is not None and used > 0:
+                self.wall[k] = m.output_tps
+                out[k] = replace(m, output_tps=m.generation_tokens / used,
+                                 step_seconds=used / m.request_steps)
         return out
 
     def stop(self) -> None:
@@ -221,10 +251,15 @@ def sweep(b: Bench, classes: list[str], candidates: list[int], ref: int, rounds:
                 ms = pool.window()
                 if k in ms and ref in ms:
                     ratios.append(ms[k].output_tps / ms[ref].output_tps if k != ref else 1.0)
-                    rows.append({"k": row(ms[k]), "ref": row(ms[ref])})
-            ratio = sum(ratios) / len(ratios) if ratios else 0.0
+                    rows.append({"k": row(ms[k], pool.wall.get(k)),
+                                 "ref": row(ms[ref], pool.wall.get(ref))})
+            ratio = statistics.median(ratios) if ratios else 0.0  # one noisy window moves a mean
+            wall = [r["k"]["wall_output_tps"] / r["ref"]["wall_output_tps"] for r in rows
+                    if r["k"]["wall_output_tps"] and r["ref"]["wall_output_tps"]]
             out[cls][k] = {"ratio_to_ref": round(ratio, 4), "windows": rows,
-                           "output_tps": round(sum(r["k"]["output_tps"] for r in rows)
+                           "wall_ratio_to_ref": round(statistics.median(wall), 4) if wall else None,
+                           "output_tokens_per_cpu_s": round(sum(
+                               r["k"]["output_tokens_per_cpu_s"] for r in rows)
                                                / max(len(rows), 1), 2)}
             print(f"  sweep {cls} K={k}: {ratio:.3f} x K={ref} "
                   f"({', '.join(f'{x:.3f}' for x in ratios)})", flush=True)
@@ -250,10 +285,13 @@ def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows:
         now = datetime.now(UTC)
         d = decide(policy, running, trial, history, table, Guard(), now, 2)
         entry = {"window": i, "ks": [r.k for r in pool.replicas],
-                 "output_tps": {str(k): round(m.output_tps, 2) for k, m in ms.items()},
+                 "output_tokens_per_cpu_s": {str(k): round(m.output_tps, 2)
+                                             for k, m in ms.items()},
+                 "wall_output_tps": {str(k): round(v, 2) for k, v in pool.wall.items()},
                  "action": d.action, "reason": d.reason, "recommended_k": d.recommended_k}
         log.append(entry)
-        print(f"  tuner {cls} w{i} K={entry['ks']}: {entry['output_tps']} -> {d.action} "
+        print(f"  tuner {cls} w{i} K={entry['ks']}: {entry['output_tokens_per_cpu_s']} -> "
+              f"{d.action} "
               f"({d.reason[:120]})", flush=True)
         if d.action == "start_trial" and d.trial_k is not None:
             trial = Trial(d.trial_k, running, now, "canary")
@@ -285,6 +323,12 @@ def markdown(res: dict[str, Any]) -> str:
         f"model, a pool of 2 replicas (2 engines), {st['concurrency']} greedy requests in "
         f"flight per replica, {st['max_tokens']} output tokens each, windows of "
         f"{st['window_s']} s. Produced by `python bench/tuning.py`.", "",
+        "Output is counted per engine CPU-second (vLLM's generation tokens over the CPU time "
+        "the engine's processes got in the window), for the sweep and for the tuner alike: "
+        "the two cores are shared with other work, whose swings gave one engine up to 30 "
+        "times the other's share of them within a window; over its own CPU time an engine's "
+        "figure is what it would make on a CPU of its own, as a GPU replica has. The "
+        "wall-clock ratios are in tuning.json (`wall_ratio_to_ref`).", "",
         "Every figure compares two engines over the same window (the machine is shared and "
         "its load moves absolute tokens/s by several times between minutes): the sweep runs "
         f"each K beside the profile table's K={res['profile_k']}; the tuner's trials are "
@@ -304,7 +348,7 @@ def markdown(res: dict[str, Any]) -> str:
             f"({', '.join(map(str, t['trials'])) or '-'}) | {'yes' if t['stayed'] else 'no'} | "
             f"{'yes' if r['pass'] else 'no'} |")
     lines += ["", f"Sweep: output tokens/s of K over K={res['profile_k']} in the same windows "
-              "(mean of the rounds):", "",
+              "(median of the rounds):", "",
               "| traffic | " + " | ".join(f"K={k}" for k in res["candidates"]) + " |",
               "|---|" + "---|" * len(res["candidates"])]
     for cls, r in res["classes"].items():
@@ -328,14 +372,16 @@ def write(res: dict[str, Any], out: Path) -> None:
 
 
 def main() -> int:
+    # a stopped run stops its engines too (the `finally` below): SIGTERM as SystemExit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--classes", default=",".join(traffic.CLASSES))
     ap.add_argument("--candidates", default="0,1,2,3,4")
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight per replica")
     ap.add_argument("--max-tokens", type=int, default=traffic.DEFAULT_MAX_TOKENS)
-    ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=4.0)
-    ap.add_argument("--rounds", type=int, default=2, help="sweep windows per K and class")
+    ap.add_argument("--rounds", type=int, default=3, help="sweep windows per K and class")
     ap.add_argument("--stay", type=int, default=10, help="quiet windows that end a tuner run")
     ap.add_argument("--max-windows", type=int, default=24)
     ap.add_argument("--min-gain", type=float, default=0.05)

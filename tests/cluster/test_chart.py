@@ -24,6 +24,7 @@ from support.chart import (
     rule_triples,
     template_args,
 )
+from support.cluster_fixtures import wait_crd_established
 
 CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
 TOKEN = "sandbox-token-0123456789abcdef"
@@ -40,8 +41,7 @@ def _helm(sandbox, *args: str, check: bool = True) -> subprocess.CompletedProces
 @pytest.fixture(scope="module")
 def crd(kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s",
-            "crd/mtpinferences.mtp-operator.io")
+    wait_crd_established(kubectl)
 
 
 def test_helm_lint(sandbox) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.cluster_fixtures import wait_for
+from support.cluster_fixtures import wait_crd_established, wait_for
 from support.operator_proc import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,8 +61,7 @@ def test_operator_follows_the_crd_being_installed_deleted_and_reinstalled(privat
         assert "not served" in text
 
         sb.kubectl("apply", "--server-side", "-f", str(CRD))
-        sb.kubectl("wait", "--for=condition=Established",
-                   "crd/mtpinferences.mtp-operator.io", "--timeout=60s")
+        wait_crd_established(sb.kubectl)
         wait_for(lambda: _readyz(op)[0] == 200, 60, message="ready once the CRD is served")
         sb.kubectl("apply", "-n", "default", "-f", "-", input=RESOURCE)
         wait_for(lambda: _pool_exists(sb), 60, message="pool of the first resource")
@@ -73,8 +72,7 @@ def test_operator_follows_the_crd_being_installed_deleted_and_reinstalled(privat
         assert op.proc is not None and op.proc.poll() is None  # paused, not crashed
 
         sb.kubectl("apply", "--server-side", "-f", str(CRD))
-        sb.kubectl("wait", "--for=condition=Established",
-                   "crd/mtpinferences.mtp-operator.io", "--timeout=60s")
+        wait_crd_established(sb.kubectl)
         wait_for(lambda: _readyz(op)[0] == 200, 60, message="ready again after re-install")
         # the garbage collector removed the first pool with its resource; a new one serves
         wait_for(lambda: not _pool_exists(sb), 60, message="old pool collected")

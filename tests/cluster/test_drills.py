@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from support.cluster_fixtures import wait_for
+from support.cluster_fixtures import wait_crd_established, wait_for
 from support.operator_proc import OperatorProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,8 +107,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     c = Cluster(sb, work / "operators")
     try:
         c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-        c.kubectl("wait", "--for=condition=Established", "crd/mtpinferences.mtp-operator.io",
-                  "--timeout=60s")
+        wait_crd_established(c.kubectl)
         yield c
     finally:
         for op in c.operators:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from support.cluster_fixtures import wait_crd_established
+
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -16,8 +18,7 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 @pytest.fixture(scope="module")
 def crd(kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s",
-            "crd/mtpinferences.mtp-operator.io")
+    wait_crd_established(kubectl)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])

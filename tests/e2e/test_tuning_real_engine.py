@@ -69,7 +69,8 @@ def test_real_engines_canary_k0_adopted_on_unpredictable_traffic_and_stays(
     spec_before, generation = obj["spec"], obj["metadata"]["generation"]
 
     real = RealPool(kubeconfig, namespace, NAME, H100, vllm=vllm_executable,
-                    model=tiny_model_dir, log_dir=tmp_path / "engines", on_event=print)
+                    model=tiny_model_dir, log_dir=tmp_path / "engines", on_event=print,
+                    threads_per_engine=1)  # 2-3 engines on 2 cores: a fair share each
     with real, PerEngineTraffic(real, "unpredictable", concurrency=2) as load:
         wait_for(lambda: len(real.serving()) == 2, START_TIMEOUT, interval=1,
                  message="two real K=4 engines")
@@ -80,7 +81,8 @@ def test_real_engines_canary_k0_adopted_on_unpredictable_traffic_and_stays(
                      START_TIMEOUT, interval=1, message="a trial")
         assert (t["trial"]["k"], t["trial"]["fromK"], t["trial"]["kind"]) == (0, 4, "canary")
         measured_4 = [m for m in t["measured"] if m["k"] == 4]
-        assert measured_4 and measured_4[-1]["replicas"] == 2, t["measured"]
+        # (a replica whose engine came up inside the first window is left out of it)
+        assert measured_4 and measured_4[-1]["replicas"] in (1, 2), t["measured"]
         dep = deployments(kubectl, namespace, NAME)[H100]
         assert dep["spec"]["replicas"] == 1 and deployment_k(dep) == 4
         canary = real.wait_engine(0, timeout=START_TIMEOUT)

@@ -76,7 +76,15 @@ trap 'exit 143' TERM
 
 say "CRD and namespace $NS"
 kubectl apply --server-side --force-conflicts -f crds/mtp-operator.io_mtpinferences.yaml >/dev/null
-kubectl wait --for=condition=Established crd/mtpinferences.mtp-operator.io --timeout=60s >/dev/null
+# (not `kubectl wait --for=condition=Established`: asked before the new CRD has conditions, it
+# fails at once instead of waiting)
+for i in $(seq 120); do
+    [[ $(kubectl get crd mtpinferences.mtp-operator.io \
+        -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null) == True ]] &&
+        break
+    [[ $i == 120 ]] && { echo "CRD not Established after 60 s"; exit 1; }
+    sleep 0.5
+done
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 remove_demo() {  # the resource, its pools and their pods, at once (no grace period)
     local i

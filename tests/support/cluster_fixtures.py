@@ -16,12 +16,25 @@ REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
 
 
+def wait_crd_established(kubectl, name: str = "mtpinferences.mtp-operator.io",
+                         timeout: float = 60) -> None:
+    """Until the CRD's Established condition is True. Not `kubectl wait --for=condition=...`:
+    asked before the API server has written the new CRD's first conditions, kubectl fails at
+    once ("accessor error: <nil> ... expected []interface{}") instead of waiting, and a jsonpath
+    filter fails the same way ("<nil> is not array or slice")."""
+
+    def established() -> bool:
+        body = json.loads(kubectl("get", "crd", name, "-o", "json").stdout)
+        return any(c.get("type") == "Established" and c.get("status") == "True"
+                   for c in (body.get("status") or {}).get("conditions") or [])
+
+    wait_for(established, timeout, interval=0.5, message=f"CRD {name} Established")
+
+
 @pytest.fixture(scope="session")
 def crd_installed(kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl(
-        "wait", "--for=condition=Established", "crd/mtpinferences.mtp-operator.io", "--timeout=60s"
-    )
+    wait_crd_established(kubectl)
 
 
 @pytest.fixture

@@ -216,7 +216,7 @@ class RealPool:
 
     def __init__(self, kubeconfig: str | Path, namespace: str, resource: str, product: str, *,
                  vllm: str | Path, model: str | Path, log_dir: str | Path,
-                 poll: float = 0.5,
+                 poll: float = 0.5, threads_per_engine: int | None = None,
                  stop_timeout: float = 30, on_event: Callable[[str], None] | None = None) -> None:
         from lightkube import Client, KubeConfig
 
@@ -226,6 +226,11 @@ class RealPool:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.poll, self.stop_timeout = poll, stop_timeout
+        # OMP_NUM_THREADS per engine. Several engines on two cores, each with a thread per
+        # core, oversubscribe them: an engine whose OpenMP threads wait at a barrier for a
+        # descheduled sibling loses its turn, and one engine can get many times another's
+        # share. One thread each leaves the kernel's fair share between them.
+        self.threads_per_engine = threads_per_engine
         self.on_event = on_event or (lambda _msg: None)
         self.runs: list[EngineRun] = []  # every engine started, in order
         self.active: dict[str, EngineRun] = {}  # by pod name
@@ -273,6 +278,8 @@ class RealPool:
         if exe is None:
             raise FileNotFoundError(f"{launch.argv[0]} not on {self.path}")
         env = {**os.environ, **MACHINE_ENV, **launch.env, "PATH": self.path}
+        if self.threads_per_engine is not None:
+            env["OMP_NUM_THREADS"] = str(self.threads_per_engine)
         log_path = self.log_dir / f"{launch.pod}-{len(self.runs)}.log"
         log = open(log_path, "ab")
         try:
