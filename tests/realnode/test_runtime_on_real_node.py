@@ -103,7 +103,7 @@ def test_pool_on_the_real_node_runs_real_vllm(cpu_gpu_node, kubectl, namespace,
     launches = [json.loads(line[line.index("{"):]) for line in
                 cpu_gpu_node.pod_log(namespace, pod["metadata"]["name"]).splitlines()
                 if '"event": "launch"' in line]
-    assert launches and launches[0]["k"] == 2, launches
+    assert launches and launches[0]["k"]["k"] == 2, launches
 
     kubectl("delete", "mtpi", "tiny", "-n", namespace)
     wait_for(lambda: not get_json(kubectl, "pods", "-n", namespace)["items"], 150,
