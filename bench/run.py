@@ -2,8 +2,8 @@
 """Scale benchmark of the operator on a dedicated local sandbox (`make bench`).
 
 A sandbox of its own (state in $MTP_BENCH_SANDBOX_DIR, default <tmp>/mtp-bench-sandbox) with
---nodes-per-product simulated 8-GPU nodes for each of the 4 sandbox GPU products (default 40,
-so 160 nodes and 320 GPUs per product) from a generated nodes file. Then, in this order:
+--nodes-per-product simulated 8-GPU nodes for each of the 4 sandbox GPU products (default 125,
+so 500 nodes and 1,000 GPUs per product) from a generated nodes file. Then, in this order:
 
 floor       A plain client (lightkube, server-side apply, --concurrency requests in flight)
             creates the objects the operator would create for --resources MTPInferences
@@ -36,8 +36,12 @@ The kube-controller-manager gets --kube-api-qps --kcm-qps (default 200): at its 
 
 Results: bench/results/scale.json and bench/results/README.md (table, machine, date).
 
-    python bench/run.py                     # full size: 160 nodes, 300 resources
-    python bench/run.py --resources 20 --nodes-per-product 3 --window 10   # quick try
+evaluator   bench/scale_evaluator.py's main() (the built-in evaluator at 4,000 pods against a
+            bare client; results in bench/results/evaluator.json and evaluator.md).
+
+    python bench/run.py                     # full size: 500 nodes, 1,000 resources
+    python bench/run.py --resources 20 --nodes-per-product 3 --window 10 \
+        --reaction-args "" --evaluator-args "--resources 20 --rounds 2"   # quick try
 """
 
 from __future__ import annotations
@@ -58,8 +62,8 @@ from scale_results import markdown, write_results
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--resources", type=int, default=300)
-    p.add_argument("--nodes-per-product", type=int, default=40)
+    p.add_argument("--resources", type=int, default=1000)
+    p.add_argument("--nodes-per-product", type=int, default=125)
     p.add_argument("--concurrency", type=int, default=16, help="client requests in flight")
     p.add_argument("--window", type=float, default=60, help="baseline/steady seconds")
     p.add_argument(
@@ -80,6 +84,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--keep", action="store_true", help="leave the sandbox running")
     p.add_argument("--skip-reaction", action="store_true")
+    p.add_argument(
+        "--reaction-args",
+        default="--resources 25 --alerts 200",
+        help="for bench/reaction.py: 25 x 4 = 100 pools for the burst, 200 single alerts",
+    )
+    p.add_argument("--skip-rollout", action="store_true")
+    p.add_argument("--skip-evaluator", action="store_true")
+    p.add_argument(
+        "--evaluator-args", default="", help="for bench/scale_evaluator.py, e.g. '--resources 50'"
+    )
     p.add_argument("--rewrite", action="store_true", help="only rewrite README.md from scale.json")
     return p.parse_args(argv)
 
@@ -92,8 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stop cleanly (sandbox down, operator stopped) however we are told to stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    result = Bench(args).run()
-    print(markdown(result))
+    if not args.skip_rollout:
+        result = Bench(args).run()
+        print(markdown(result))
+    if not args.skip_evaluator:  # its own processes, no sandbox (it is down by now)
+        import scale_evaluator
+
+        scale_evaluator.main(["--out", str(args.out), *args.evaluator_args.split()])
     return 0
 
 

@@ -45,7 +45,7 @@ from scale_common import (
     SA_NS,
     log,
 )
-from scale_measure import Audit, Phase, Requests, cpu_seconds, peak_rss_mib
+from scale_measure import Audit, Phase, Requests, cpu_seconds, peak_rss_mib, rollout_writes
 from scale_results import write_results
 
 from mtp_operator.adapters.kube import MTPInferenceResource
@@ -221,6 +221,7 @@ class Bench:
             "apply_seconds": round(applied, 2),
             "ready_after_seconds": quantiles([t - t0 for t in tracker.ready.values()]),
             "operator_counters": self.counters(),
+            "writes": rollout_writes(ph.operator_requests, len(deps), len(names)),
             "operator_cpu_seconds": ph.cpu.get("operator"),
             "operator_peak_rss_mib": round(peak_rss_mib(op.proc.pid), 1),
         }
@@ -297,7 +298,7 @@ class Bench:
             module = importlib.util.module_from_spec(spec)
             sys.modules["bench_reaction"] = module  # its dataclasses look themselves up there
             spec.loader.exec_module(module)
-            rc = module.main(["--out", str(self.args.out)])
+            rc = module.main(["--out", str(self.args.out), *self.args.reaction_args.split()])
         except Exception as err:  # its failure must not lose the scale figures
             log(f"reaction: failed: {err!r}")
             rc = f"failed: {err!r}"
@@ -323,6 +324,8 @@ class Bench:
                 rounds.append(
                     {"floor_seconds": self.result["floor"]["seconds"],
                      "operator_seconds": self.result["operator"]["seconds"],
+                     "operator_writes": self.result["operator"]["writes"],
+                     "operator_peak_rss_mib": self.result["operator"]["operator_peak_rss_mib"],
                      "operator_cpu_seconds": self.result["operator"]["operator_cpu_seconds"],
                      "other_load_cpu_seconds": {
                          "floor": self.result["floor"]["cpu_seconds"]["other_processes"],

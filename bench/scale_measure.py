@@ -72,6 +72,9 @@ class Audit:
                 resource = ref.get("resource", "")
                 if ref.get("subresource"):
                     resource += "/" + ref["subresource"]
+                code = (ev.get("responseStatus") or {}).get("code", 0)
+                if verb != "watch" and not 200 <= code < 300:
+                    resource += f" [HTTP {code}]"  # a failed request (e.g. 504 under load)
                 out[(verb, resource)] += 1
         return out
 
@@ -95,6 +98,28 @@ def diff(after: Counter, before: Counter) -> Counter:
 
 def writes_by_resource(delta: Mapping[tuple[str, str], int]) -> dict[str, int]:
     return {f"{v} {r}": n for (v, r), n in sorted(delta.items()) if v in WRITE_VERBS and n}
+
+
+def rollout_writes(
+    requests: Mapping[tuple[str, str], int], deployments: int, resources: int
+) -> dict[str, Any]:
+    """The operator's writes in a rollout (audit log) against the least that carries the same
+    information: one apply per Deployment and per Service, two status writes per resource
+    (Progressing, Ready). Events are counted apart."""
+    writes = {f"{v} {r}": n for (v, r), n in sorted(requests.items())
+              if v in AUDIT_WRITE_VERBS and r != "events" and n}  # fmt: skip
+    events = sum(n for (v, r), n in requests.items() if v in AUDIT_WRITE_VERBS and r == "events")
+    minimum = deployments + resources + 2 * resources
+    total = sum(writes.values())
+    failed = sum(n for k, n in writes.items() if "[HTTP" in k)
+    status = sum(n for k, n in writes.items() if k.endswith("/status"))
+    return {"by_resource": writes, "total": total, "minimum": minimum,
+            "ratio": round(total / minimum, 3) if minimum else None,
+            "failed": failed,
+            "ratio_succeeded": round((total - failed) / minimum, 3) if minimum else None,
+            "status_writes": status,
+            "status_writes_per_resource": round(status / resources, 2) if resources else None,
+            "events": events}  # fmt: skip
 
 
 def cpu_seconds(pid: int | None) -> float:

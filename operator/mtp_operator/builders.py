@@ -34,6 +34,12 @@ from mtp_runtime.gpu_profiles import entries_for
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 from mtp_runtime.vllm_command import DEFAULT_PORT, build_argv, build_env
 
+# The engine's start-up allowance (startupProbe): loading a large model takes many minutes.
+# Tuning waits as long for a trial's pods (tuning.settings).
+STARTUP_PROBE_PERIOD_S = 10
+STARTUP_PROBE_FAILURES = 180
+STARTUP_BUDGET_S = STARTUP_PROBE_PERIOD_S * STARTUP_PROBE_FAILURES
+
 METRICS_PORT = 9400
 FIELD_MANAGER = "mtp-operator"
 
@@ -119,8 +125,8 @@ def _pod_spec(
         # Loading a large model takes many minutes; vLLM refuses connections until then.
         "startupProbe": {
             "httpGet": {"path": "/health", "port": "http"},
-            "periodSeconds": 10,
-            "failureThreshold": 180,
+            "periodSeconds": STARTUP_PROBE_PERIOD_S,
+            "failureThreshold": STARTUP_PROBE_FAILURES,
         },
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {

@@ -13,7 +13,12 @@ from typing import Any
 
 from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
-from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
+from mtp_operator.conditions import (
+    PROGRESSING,
+    REASON_INVALID_SPEC,
+    REASON_NO_FITTING_NODES,
+    RECONCILING,
+)
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT
 from mtp_operator.planning import (
     RETAINED_PRODUCT_GONE,
@@ -163,16 +168,20 @@ def pass_status(
 
 
 def significant(status: MTPInferenceStatus) -> dict[str, Any]:
-    """Status without what only counts progress: replica counts and condition messages."""
+    """Status without what only reports progress: replica counts, condition messages, and,
+    while the phase is Progressing, the Progressing/Reconciling conditions (a rollout moving
+    from "rolling out" to "waiting for pods" changes neither the phase nor Ready)."""
     wire = to_wire(status)
     out = {k: v for k, v in wire.items() if k not in ("conditions", "ready")}
     out["pools"] = [
         {k: v for k, v in p.items() if k not in ("replicas", "readyReplicas")}
         for p in wire.get("pools") or []
     ]
+    rolling = wire.get("phase") == "Progressing"
     out["conditions"] = [
         (c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
         for c in wire.get("conditions") or []
+        if not (rolling and c.get("type") in (PROGRESSING, RECONCILING))
     ]
     return out
 

@@ -78,9 +78,18 @@ def plan(config: PoolConfig, gpu: GPUInfo) -> LaunchPlan:
     )
 
 
+# vLLM's API server closes an idle HTTP connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+# seconds (5 by default): shorter than the operator's evaluator interval (15 s), so each of its
+# scrapes would open a new connection, which at thousands of pods costs the operator about as
+# much CPU as the rest of the scrape (bench/results/evaluator.md). Unless the pod sets it.
+HTTP_KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+HTTP_KEEP_ALIVE_SECONDS = 75
+
+
 def child_environment(base: Mapping[str, str], extra: Mapping[str, str]
                       ) -> tuple[dict[str, str], list[str]]:
-    """The environment for vLLM: the pod's, plus `extra`, minus what would break vLLM.
+    """The environment for vLLM: the pod's, plus `extra`, minus what would break vLLM, and
+    an HTTP keep-alive longer than the evaluator's interval unless the pod sets one.
 
     Kubernetes injects `VLLM_PORT=tcp://IP:PORT` into pods when a Service named `vllm`
     exists in the namespace; vLLM reads VLLM_PORT as its own setting and fails. Such a value
@@ -92,6 +101,7 @@ def child_environment(base: Mapping[str, str], extra: Mapping[str, str]
     if port is not None and not port.strip().isdigit():
         del env["VLLM_PORT"]
         dropped.append("VLLM_PORT")
+    env.setdefault(HTTP_KEEP_ALIVE_ENV, str(HTTP_KEEP_ALIVE_SECONDS))
     env.update(extra)
     return env, dropped
 

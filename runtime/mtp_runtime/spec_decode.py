@@ -58,6 +58,39 @@ SeriesKey = tuple[tuple[str, str], ...]
 Snapshot = Mapping[SeriesKey, SpecCounters]
 
 
+# Every spec-decode sample name starts with this (and nothing else vLLM writes does, except
+# their `*_created` companions, which spec_snapshot() skips).
+SPEC_DECODE_PREFIX = "vllm:spec_decode_num_"
+
+
+def spec_lines(text: str) -> str:
+    """The sample lines of `text` whose name starts with SPEC_DECODE_PREFIX, joined.
+
+    A real vLLM exposition is ~50 KB of histograms; the spec-decode samples are ~15 lines of
+    it. str.find() skips the rest without looking at it line by line, so spec_snapshot()
+    parses a few hundred bytes instead of the whole text (about 40 times less work).
+    A sample line starts at the beginning of a line (HELP/TYPE lines start with '#').
+    """
+    marker = "\n" + SPEC_DECODE_PREFIX
+    if text.startswith(SPEC_DECODE_PREFIX):
+        start = 0
+    else:
+        start = text.find(marker) + 1
+        if start == 0:
+            return ""
+    out: list[str] = []
+    while True:
+        end = text.find("\n", start)
+        if end < 0:
+            out.append(text[start:])
+            break
+        out.append(text[start:end])
+        start = text.find(marker, end) + 1
+        if start == 0:
+            break
+    return "\n".join(out)
+
+
 def _key(labels: Mapping[str, str]) -> SeriesKey:
     return tuple(sorted((k, v) for k, v in labels.items() if k != "position"))
 
@@ -69,8 +102,17 @@ def spec_snapshot(
 
     `match` keeps only series whose labels include these pairs (e.g. {"model_name": "x"}).
     Returns {} when the exposition has no spec-decode counters (speculation off).
+    Text is pre-filtered with spec_lines(): lines of other families are not parsed, so a
+    malformed line elsewhere does not hide the spec-decode counters. Text that names the
+    counters only on lines that do not start with them (indented samples) is parsed whole.
     """
-    exp = parse_exposition(source) if isinstance(source, str) else source
+    if isinstance(source, str):
+        lines = spec_lines(source)
+        if not lines and SPEC_DECODE_PREFIX in source:
+            lines = source
+        exp = parse_exposition(lines)
+    else:
+        exp = source
     scalars: dict[SeriesKey, dict[str, float]] = {}
     positions: dict[SeriesKey, dict[int, float]] = {}
     for s in exp.samples:

@@ -195,7 +195,11 @@ def test_helpers() -> None:
     assert exit_status(0) == 0
     assert exit_status(1) == 1
     assert exit_status(-signal.SIGTERM) == 143
+    keep = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "75"}
     env, dropped = child_environment({"VLLM_PORT": "8001", "A": "1"}, {"B": "2"})
-    assert env == {"VLLM_PORT": "8001", "A": "1", "B": "2"} and dropped == []
+    assert env == {"VLLM_PORT": "8001", "A": "1", "B": "2", **keep} and dropped == []
     env, dropped = child_environment({"VLLM_PORT": "tcp://1.2.3.4:80"}, {})
-    assert env == {} and dropped == ["VLLM_PORT"]
+    assert env == keep and dropped == ["VLLM_PORT"]
+    # the pod's own keep-alive wins
+    env, _ = child_environment({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "5"}, {})
+    assert env == {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "5"}

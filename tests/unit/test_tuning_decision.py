@@ -153,6 +153,21 @@ def test_canary_waits_for_its_window_and_times_out():
     assert d.action == "abort" and d.k == 3
 
 
+def test_a_trial_waits_for_its_pods_to_start_before_its_windows_count():
+    # startup 1800 s (the pool's startup probe budget) + 3 windows of SPAN: no abort before
+    inc = measure(LINEAR.window(3, T0.timestamp() - SPAN, SPAN, 1))
+    slow = policy(range(5), startup_seconds=1800)
+    limit = 1800 + 3 * SPAN
+    d = decide(slow, 3, _trial(), [], [inc], Guard(), T0 + timedelta(seconds=limit - 1), 2)
+    assert d.action == "hold", d
+    d = decide(slow, 3, _trial(), [], [inc], Guard(), T0 + timedelta(seconds=limit + 1), 2)
+    assert d.action == "abort" and "1800 s of start-up and 3 windows" in d.reason
+    # without the allowance, three windows alone
+    d = decide(policy(range(5)), 3, _trial(), [], [inc], Guard(),
+               T0 + timedelta(seconds=3 * SPAN + 1), 2)
+    assert d.action == "abort"
+
+
 def test_whole_pool_trial_compares_with_the_window_before_it():
     before = measure(DEEP_WINS.window(1, T0.timestamp() - SPAN, SPAN, 1))
     during = measure(DEEP_WINS.window(4, T0.timestamp(), SPAN, 1))

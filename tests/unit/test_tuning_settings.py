@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.tuning.settings import default_candidates, policy_for, tuning_problems
 from mtp_operator.validation import spec_problems
@@ -102,3 +106,13 @@ def test_tuning_state_is_kept_for_its_generation_only_and_folded_in():
     folded = with_tuning(status, {"B": new})
     assert folded.pools[1].tuning == new and folded.pools[0] == status.pools[0]
     assert planned_k(new) == 6  # a whole-pool trial runs the pool at the trial K
+
+
+def test_a_trial_waits_as_long_as_the_pool_pods_startup_probe_allows():
+    """The start-up allowance is the startup probe of the rendered pool pod (a golden file)."""
+    golden = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
+    path = sorted(golden.glob("*/*.yaml"))[0]
+    dep = next(d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Deployment")
+    (vllm,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    probe = vllm["startupProbe"]
+    assert policy_for(spec()).startup_seconds == probe["periodSeconds"] * probe["failureThreshold"]

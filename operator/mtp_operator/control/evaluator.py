@@ -4,44 +4,88 @@ For clusters without Prometheus/Alertmanager (it is on by default). Every `inter
 it reads vLLM's /metrics on each Ready pod of each pool whose resource has rollback enabled,
 applies that resource's own thresholds (`rollback.evaluation.PoolEvaluator`), and hands firing
 signals to the same `apply_signals` the webhook uses.
+
+At scale (thousands of pods a round): rounds start every `interval` seconds whatever a round
+took (a slow round does not push the next one back); within a round the pools start one after
+the other over half the interval, each at the same place every round (an even load, and each
+pool read once an interval); each pool's signals are acted on as soon as that pool is
+evaluated, not at the end of the round; at most MAX_PARALLEL_SCRAPES scrapes
+are in flight, each with its own time-out; and pods whose last scrape failed are scraped in a
+lane of their own (SUSPECT_PARALLEL slots), so dead or hanging pods cannot take the slots of
+the healthy ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
 
-from mtp_operator.adapters.scrape import MAX_PARALLEL_SCRAPES, SCRAPE_TIMEOUT, scrape_pod
+from mtp_operator.adapters.scrape import (
+    MAX_PARALLEL_SCRAPES,
+    SCRAPE_TIMEOUT,
+    scrape_pod_timed,
+)
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.control.rollback import RollbackActions
 from mtp_operator.rollback.evaluation import PoolEvaluator, pool_snapshot
 from mtp_operator.rollback.signals import PoolRef
 from mtp_operator.validation import spec_problems
+from mtp_runtime.vllm_command import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
 
+# Pods whose last scrape failed or took longer than SLOW_SCRAPE_SECONDS are scraped in a lane
+# of their own with this many slots, beside the MAX_PARALLEL_SCRAPES of the others.
+SUSPECT_PARALLEL = MAX_PARALLEL_SCRAPES
+SLOW_SCRAPE_SECONDS = 1.0
+# A round's pools start spread over this part of the interval (Evaluator.tick's `spread`).
+SPREAD_FRACTION = 0.5
+
 
 class Evaluator:
-    def __init__(self, actions: RollbackActions) -> None:
+    def __init__(self, actions: RollbackActions, port: int = DEFAULT_PORT) -> None:
         self.actions = actions
+        self.port = port
         self.pools: dict[PoolRef, PoolEvaluator] = {}
+        self.suspects: set[str] = set()  # pod IPs whose last scrape failed or was slow
+        # per resource: (its spec object, the spec and problems validated from it); watch
+        # events bring a new body each, so the same object means the same spec
+        self._specs: dict[Any, tuple[Any, Any, Any]] = {}
 
-    async def tick(self, session: aiohttp.ClientSession, now: datetime) -> int:
-        """One round over every pool; returns how many signals were handed on."""
+    def _spec(self, key: Any, body: Any) -> tuple[Any, Any]:
+        """spec_problems() of the resource's spec, once per spec object (not every round)."""
+        raw = body.get("spec") or {}
+        memo = self._specs.get(key)
+        if memo is None or memo[0] is not raw:
+            memo = (raw, *spec_problems(raw))
+            self._specs[key] = memo
+        return memo[1], memo[2]
+
+    async def tick(
+        self, session: aiohttp.ClientSession, now: datetime, spread: float = 0.0
+    ) -> int:
+        """One round over every pool; returns how many signals were handed on. With `spread`,
+        the pools start one after the other over that many seconds, each at the same place
+        in every round (sorted), so each pool is read once an interval and the load is even."""
         view, reconciler = self.actions.view, self.actions.reconciler
         if not getattr(view, "ready", True):
             return 0
-        sem = asyncio.Semaphore(MAX_PARALLEL_SCRAPES)
+        healthy_lane = asyncio.Semaphore(MAX_PARALLEL_SCRAPES)
+        suspect_lane = asyncio.Semaphore(SUSPECT_PARALLEL)
         work: list[tuple[PoolRef, Any, int, dict[str, str]]] = []
-        for key in list(view.resource_keys()):
+        keys = list(view.resource_keys())
+        for gone in self._specs.keys() - set(keys):
+            del self._specs[gone]
+        for key in keys:
             body = view.resource(key)
             if body is None:
                 continue
-            spec, problems = spec_problems(body.get("spec") or {})
+            spec, problems = self._spec(key, body)
             if spec is None or problems or not spec.rollback.enabled:
                 continue
             for pool in reconciler.current_status(key, body).pools:
@@ -49,35 +93,76 @@ class Evaluator:
                 pods = view.pool_pod_ips(key, pool.gpu_product)
                 if pods:
                     work.append((ref, spec.rollback, pool.num_speculative_tokens, pods))
+        work.sort(key=lambda w: (w[0].namespace, w[0].mtpinference, w[0].gpu_product))
+        step = spread / len(work) if work else 0.0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         seen = {ref for ref, *_ in work}
         for gone in set(self.pools) - seen:
             del self.pools[gone]
+        suspects: set[str] = set()
 
-        async def evaluate(ref: PoolRef, rollback: Any, k: int, pods: dict[str, str]):
-            scraped = await asyncio.gather(*(scrape_pod(session, ip, sem) for ip in pods.values()))
+        async def scrape(ip: str) -> Any:
+            lane = suspect_lane if ip in self.suspects else healthy_lane
+            snap, seconds = await scrape_pod_timed(session, ip, lane, self.port)
+            if snap is None or seconds > SLOW_SCRAPE_SECONDS:
+                suspects.add(ip)
+            return snap
+
+        async def evaluate(
+            i: int, ref: PoolRef, rollback: Any, k: int, pods: dict[str, str]
+        ) -> int:
+            if step:
+                await asyncio.sleep(max(0.0, started + i * step - loop.time()))
+            scraped = await asyncio.gather(*(scrape(ip) for ip in pods.values()))
             for snap in scraped:
                 OPERATOR_METRICS.evaluator_scrapes.labels(
                     ref.namespace, ref.mtpinference, ref.gpu_product,
                     "ok" if snap else "failed").inc()
             per_pod = {name: snap for name, snap in zip(pods, scraped, strict=True) if snap}
             if not per_pod:
-                return []
+                return 0
             evaluator = self.pools.setdefault(ref, PoolEvaluator(ref))
-            return evaluator.observe(now, pool_snapshot(per_pod), rollback, k=k).signals
+            when = now + timedelta(seconds=i * step)  # when this pool is read, every round
+            signals = evaluator.observe(when, pool_snapshot(per_pod), rollback, k=k).signals
+            if signals:  # at once: the rest of the round need not wait for this pool
+                await self.actions.apply_signals(signals)
+            return len(signals)
 
-        results = await asyncio.gather(*(evaluate(*w) for w in work))
-        signals = [s for batch in results for s in batch]
-        if signals:
-            await self.actions.apply_signals(signals)
-        return len(signals)
+        results = await asyncio.gather(*(evaluate(i, *w) for i, w in enumerate(work)))
+        self.suspects = suspects
+        return sum(results)
 
 
-async def run_evaluator(actions: RollbackActions, interval: float) -> None:
-    evaluator = Evaluator(actions)
-    async with aiohttp.ClientSession(timeout=SCRAPE_TIMEOUT) as session:
+RoundHook = Callable[[float, float, int], None]  # (started, finished, signals), loop time
+
+
+async def run_evaluator(
+    actions: RollbackActions,
+    interval: float,
+    *,
+    evaluator: Evaluator | None = None,
+    on_round: RoundHook | None = None,
+) -> None:
+    """Rounds every `interval` seconds until cancelled; `on_round` is told each round's start
+    and end (loop time) and its signal count (bench/scale_evaluator.py times rounds with it)."""
+    evaluator = evaluator or Evaluator(actions)
+    spread = interval * SPREAD_FRACTION
+    loop = asyncio.get_running_loop()
+    # idle connections kept past the next round (mtp-runtime starts vLLM with a keep-alive
+    # longer than that), one a pod: concurrency is bounded by the lanes, not the pool
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2 * interval + 5)
+    async with aiohttp.ClientSession(timeout=SCRAPE_TIMEOUT, connector=connector) as session:
+        due = loop.time()
         while True:
+            started, signals = loop.time(), 0
             try:
-                await evaluator.tick(session, datetime.now(UTC))
+                signals = await evaluator.tick(session, datetime.now(UTC), spread)
             except Exception:  # keep evaluating: one bad round must not stop rollbacks
                 log.exception("evaluator round failed")
-            await asyncio.sleep(interval)
+            if on_round is not None:
+                on_round(started, loop.time(), signals)
+            # a fixed cadence: the next round starts `interval` after this one started (at
+            # once if this one took longer), so each pod is read every `interval` seconds
+            due = max(due + interval, loop.time())
+            await asyncio.sleep(due - loop.time())

@@ -80,6 +80,7 @@ class _Slot:
     # a new Deployment's watch event must not create (and announce) it a second time.
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)
     service_applied: float = -1e9  # monotonic time of our last Service apply
+    service_seen: bool = False  # the watch has shown the Service since that apply
     status_written: float = -1e9  # monotonic time of our last status write
     later: asyncio.TimerHandle | None = None  # a pass scheduled by reconcile_later()
     # The last pass's pure results, reused while their inputs are the same: most passes at
@@ -88,13 +89,25 @@ class _Slot:
     desired_memo: tuple[Any, list[dict[str, Any]]] | None = None  # (inputs, objects)
     last_error: str | None = None  # the last unexpected error (its traceback is logged once)
     canaries: dict[str, str] = field(default_factory=dict)  # GPU product → canary pod applied
+    # resourceVersion of each pool Deployment the last pass saw: a watch event with the same
+    # one brings nothing new (at start-up every pool's ADDED event would be a pass each)
+    seen_pools: dict[str, int] = field(default_factory=dict)
 
 
-SERVICE_WATCH_GRACE = 60.0  # seconds our Service apply stands in for the watch's copy
-# A status change that only moves counts (ready replicas, messages) is written at most this
-# often per resource; anything a reader acts on (phase, a condition's status, K, generation,
-# rollbacks) at once. At scale this halves the status writes of a rollout.
-STATUS_COUNTS_INTERVAL = 2.0
+# Our Service apply stands in for the watch's copy until the watch shows it (then its absence
+# means someone deleted it) or, should the watch never show it, this many seconds. Under a
+# large rollout the watch can take over a minute to deliver it.
+SERVICE_WATCH_GRACE = 300.0
+# A status change that only reports progress (replica counts, messages, a rollout's
+# Progressing condition while the phase stays Progressing: reconcile_plan.significant) is
+# coalesced with whatever comes next and written at most every progress_interval() seconds
+# per resource; anything a reader acts on (phase, Ready, Degraded, K, generation,
+# rollbacks) at once. The interval grows with the number of resources rolling out, so that
+# progress reports of all of them together take at most PROGRESS_WRITES_PER_SECOND status
+# writes a second: a rollout of a thousand resources then writes each one's status about
+# twice (Progressing, Ready) and not once per pool event.
+STATUS_COUNTS_INTERVAL = 5.0
+PROGRESS_WRITES_PER_SECOND = 5.0
 RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resource
 UNEXPECTED_RETRY_SECONDS = 30.0  # after an error that is not the API server's
 
@@ -114,6 +127,11 @@ class Reconciler:
         self._slots: dict[Key, _Slot] = {}
         self._tasks: set[asyncio.Task] = set()
         self._gpu_fingerprint: frozenset = frozenset()
+        self._progressing: set[Key] = set()  # resources whose last status written says so
+
+    def progress_interval(self) -> float:
+        """Seconds between two progress-only status writes of one resource."""
+        return max(STATUS_COUNTS_INTERVAL, len(self._progressing) / PROGRESS_WRITES_PER_SECOND)
 
     # ---- scheduling -------------------------------------------------------------------
     def slot(self, key: Key) -> _Slot:
@@ -121,6 +139,7 @@ class Reconciler:
 
     def forget(self, key: Key) -> None:
         slot = self._slots.pop(key, None)
+        self._progressing.discard(key)
         if slot is not None and slot.later is not None:
             slot.later.cancel()
 
@@ -128,6 +147,7 @@ class Reconciler:
         """Forget every resource's state (their CRD was deleted; kopf starts afresh)."""
         for key in list(self._slots):
             self.forget(key)
+        self._progressing.clear()
         self._gpu_fingerprint = frozenset()
 
     def reconcile_later(self, key: Key, delay: float) -> None:
@@ -171,6 +191,14 @@ class Reconciler:
         ours = slot.pools.get(product_of(body) or "") if slot else None
         if ours is not None and resource_version(body) >= resource_version(ours):
             del slot.pools[product_of(body)]  # type: ignore[union-attr,arg-type]
+
+    def pool_news(self, key: Key, body: Mapping[str, Any]) -> bool:
+        """Whether a pool Deployment's watch event shows what the last pass did not see."""
+        slot = self._slots.get(key)
+        if slot is None:
+            return True
+        seen = slot.seen_pools.get(product_of(body) or "")
+        return seen is None or resource_version(body) > seen
 
     def observed_pools(self, key: Key) -> dict[str, Mapping[str, Any]]:
         """The watched pool Deployments, with our own newer writes the watch hasn't shown."""
@@ -231,12 +259,16 @@ class Reconciler:
         if not status_changed(old, new):
             return
         slot = self.slot(key)
-        wait = slot.status_written + STATUS_COUNTS_INTERVAL - time.monotonic()
+        wait = slot.status_written + self.progress_interval() - time.monotonic()
         if wait > 0 and significant(old) == significant(new):
-            self.reconcile_later(key, wait)  # counts only: written with the next change
+            self.reconcile_later(key, wait)  # progress only: written with the next change
             return
         out = await self.kube.patch_status(key[0], key[1], to_wire(new))
         slot.status_written = time.monotonic()
+        if new.phase == "Progressing":
+            self._progressing.add(key)
+        else:
+            self._progressing.discard(key)
         slot.status = read_status(out.get("status")) if out.get("status") else new
         try:
             slot.status_rv = int(out["metadata"]["resourceVersion"])
@@ -271,6 +303,7 @@ class Reconciler:
         persisted = self.current_status(key, body)
         previous = with_tuning(with_decisions(persisted, decisions), tuning)
         observed_bodies = self.observed_pools(key)
+        self.slot(key).seen_pools = {p: resource_version(d) for p, d in observed_bodies.items()}
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
         now = self.clock()
         spec, problems = self._spec(key, body)
@@ -301,6 +334,10 @@ class Reconciler:
             applied = await self.apply(key, body, desired, plan, observed_bodies, previous)
         elif plan.fates:  # nothing fits, but pools of products gone for good still go
             applied = Applied(removed=await self._remove_pools(key, body, observed_bodies, plan))
+        if applied.settings_hashes and self.slot(key).pools:
+            # our own writes of this pass count as observed (a new pool: its replicas, not 0;
+            # an updated one: not rolled out yet), so the next watch event is no new progress
+            observed = {p: observe_deployment(d) for p, d in self.observed_pools(key).items()}
         status = pass_status(key[1], meta.get("generation"), plan, previous, observed, applied, now)
         if plan.problems and status_changed(persisted, status):
             await self.kube.event(
@@ -326,9 +363,11 @@ class Reconciler:
         try:
             slot = self.slot(key)
             since = time.monotonic() - slot.service_applied
-            if not self.view.has_service(key) and since > SERVICE_WATCH_GRACE:
+            if self.view.has_service(key):
+                slot.service_seen = True
+            elif slot.service_seen or since > SERVICE_WATCH_GRACE:
                 await self.kube.apply(desired[0])
-                slot.service_applied = time.monotonic()
+                slot.service_applied, slot.service_seen = time.monotonic(), False
             for obj, pool in zip(desired[1:], plan.pools, strict=True):
                 hashes[pool.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
                 await self._apply_pool(body, obj, pool, observed_bodies.get(pool.gpu_product))

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from mtp_runtime.figures import CounterWindow, Figures
+from mtp_runtime.figures import CounterWindow, Figures, figures_from_increase
 from mtp_runtime.spec_decode import SeriesKey, Snapshot, SpecCounters
 
 from ..api.v1alpha1 import RollbackSpec
@@ -105,7 +105,7 @@ class PoolEvaluator:
         t = now.timestamp()
         self.window.add(t, self._filled(t, snapshot))
         inc = self.window.increase(t)
-        figures = self.window.figures(t)
+        figures = figures_from_increase(inc if inc is not None else SpecCounters())
         no_data = inc is None or inc.drafts < spec.min_drafts
 
         signals: list[AlertSignal] = []

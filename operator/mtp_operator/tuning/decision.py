@@ -24,7 +24,8 @@ Rules, in order:
    d. K = 0 if untried: its step cost has no drafter in it and is never extrapolated.
    A K with a comparable measurement is never tried again in the same regime: every K is
    tried at most once per traffic regime, so K cannot oscillate. A K whose trial was aborted
-   (a rollback, or no window at it) is not tried again within 24 h.
+   (a rollback, or no window at it within the pods' start-up allowance and three windows) is
+   not tried again within 24 h.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class Policy:
     min_gain: float = 0.05
     observation_seconds: float = 300.0
     max_trials_per_day: int = 4
+    # how long a pod of the pool may take to start (its startup probe's budget): a trial's
+    # pods load the model first, so its TRIAL_TIMEOUT_WINDOWS count from after that
+    startup_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -175,11 +179,15 @@ def _judge(policy: Policy, trial: Trial, table: Sequence[Measurement], now: date
     hold = Decision("hold", trial.from_k, None, None, None, "")
     tm = _latest([m for m in table if m.start >= started - 1e-9], trial.k)
     if tm is None:
-        timeout = timedelta(seconds=TRIAL_TIMEOUT_WINDOWS * policy.observation_seconds)
+        timeout = timedelta(seconds=policy.startup_seconds
+                            + TRIAL_TIMEOUT_WINDOWS * policy.observation_seconds)
         if now - trial.started > timeout:
+            allowance = (f"{policy.startup_seconds:.0f} s of start-up and "
+                         if policy.startup_seconds else "")
             return Decision(
                 "abort", trial.from_k, None, None, None,
-                f"trial of K={trial.k} got no window in {TRIAL_TIMEOUT_WINDOWS} windows",
+                f"trial of K={trial.k} got no window in {allowance}"
+                f"{TRIAL_TIMEOUT_WINDOWS} windows",
             )
         return _with(hold, f"trial of K={trial.k} ({trial.kind}) running, no full window yet")
     if trial.kind == "canary":

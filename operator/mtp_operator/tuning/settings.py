@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
+from mtp_operator.builders import STARTUP_BUDGET_S
 from mtp_runtime.gpu_profiles import DEFAULT_PROFILES, valid_k_for_depth
 
 from .decision import Policy
@@ -26,6 +27,7 @@ def policy_for(spec: MTPInferenceSpec) -> Policy:
         min_gain=t.min_gain,
         observation_seconds=float(t.observation_seconds),
         max_trials_per_day=t.max_trials_per_day,
+        startup_seconds=float(STARTUP_BUDGET_S),
     )
 
 

@@ -1,0 +1,183 @@
+"""One measured process of the evaluator benchmark (bench/scale_evaluator.py runs it).
+
+floor      A bare client: every `interval` seconds it fetches every pod's metrics URL (the
+           evaluator's own URL and headers, the same concurrency and time-out, started over
+           the same part of the interval) and reads each body; it parses nothing.
+evaluator  The operator's built-in evaluator (control/evaluator.py: run_evaluator, Evaluator,
+           the real Reconciler and RollbackActions) over an in-memory cluster view
+           (tests/support/fake_cluster.py, checked against the real watches by
+           tests/unit/test_ports.py) holding --resources MTPInferences x 4 GPU products with
+           one Ready pod per pool, whose IP is a loopback metric source.
+
+Each round's start and end (and this process's CPU seconds at its end) are recorded; the
+evaluator also records when each pod's scrape ended and when each signal was handed to the
+rollback actions (the decision). Results: JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from scale_common import REPO  # noqa: F401  (puts tests/ on sys.path)
+
+from mtp_operator.adapters import scrape
+from mtp_operator.control import evaluator as evaluator_module
+from mtp_operator.control.evaluator import Evaluator, run_evaluator
+from mtp_operator.control.reconciler import Reconciler
+from mtp_operator.control.rollback import RollbackActions
+from mtp_operator.settings import OperatorSettings
+from support.fake_cluster import FakeKube, FakeView, mtpinference, node
+
+NAMESPACE = "bench"
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Rounds:
+    """Round records: loop-time start/end, wall-clock start, CPU seconds at the end."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, float]] = []
+        self.offset = time.time() - asyncio.get_running_loop().time()
+
+    def add(self, started: float, finished: float, signals: int = 0) -> None:
+        self.items.append({"start": started + self.offset, "end": finished + self.offset,
+                           "cpu": time.process_time(), "signals": signals})  # fmt: skip
+
+
+async def floor(cfg: dict[str, Any]) -> dict[str, Any]:
+    ips = [p["ip"] for p in cfg["pods"]]
+    rounds = Rounds()
+    loop = asyncio.get_running_loop()
+    sem = asyncio.Semaphore(scrape.MAX_PARALLEL_SCRAPES)
+    ok = []
+
+    spread = cfg["interval"] * evaluator_module.SPREAD_FRACTION  # as the evaluator's rounds
+    step = spread / len(ips)
+
+    async def fetch(session: aiohttp.ClientSession, i: int, ip: str, t0: float) -> int:
+        await asyncio.sleep(max(0.0, t0 + i * step - loop.time()))
+        async with sem:
+            try:
+                url = scrape.metrics_url(ip, cfg["port"])
+                async with session.get(url, headers=scrape.SCRAPE_HEADERS) as resp:
+                    return len(await resp.read()) if resp.status == 200 else 0
+            except (aiohttp.ClientError, TimeoutError):
+                return 0
+
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2 * cfg["interval"] + 5)
+    async with aiohttp.ClientSession(timeout=scrape.SCRAPE_TIMEOUT, connector=connector) as session:
+        due = loop.time()
+        for _ in range(cfg["rounds"]):
+            started = loop.time()
+            sizes = await asyncio.gather(*(fetch(session, i, ip, started)
+                                           for i, ip in enumerate(ips)))  # fmt: skip
+            rounds.add(started, loop.time())
+            ok.append(sum(1 for s in sizes if s))
+            due = max(due + cfg["interval"], loop.time())
+            await asyncio.sleep(due - loop.time())
+    return {"rounds": rounds.items, "ok_per_round": ok, "bytes_last_round": sum(sizes),
+            "peak_rss_mib": round(peak_rss_mib(), 1)}  # fmt: skip
+
+
+async def build_cluster(cfg: dict[str, Any]) -> tuple[RollbackActions, dict[tuple, str]]:
+    """The resources, reconciled into pools (Deployments delivered Ready), and each pool's
+    pod IP; returns the rollback actions and {(resource, product): ip}."""
+    products = cfg["products"]
+    per_product = -(-cfg["resources"] // 8)  # 8 GPUs a node, 1 GPU a pool
+    kube = FakeKube()
+    view = FakeView(nodes=[node(f"n-{i}-{j}", p) for i, p in enumerate(products)
+                           for j in range(per_product)])  # fmt: skip
+    spec = {"model": "org/model", "rollback": cfg["rollback"]}
+    names = [f"r-{i:04d}" for i in range(cfg["resources"])]
+    for name in names:
+        view.add(mtpinference(name, spec, namespace=NAMESPACE))
+    reconciler = Reconciler(kube, view, OperatorSettings())
+    for _ in range(2):
+        await reconciler.reconcile_all()
+        view.deliver(kube, ready=True)
+    ips = {}
+    for pod in cfg["pods"]:
+        key, product = (NAMESPACE, names[pod["resource"]]), products[pod["product"]]
+        view.pods[(key, product)] = {f"{key[1]}-{pod['product']}-0": pod["ip"]}
+        ips[(key[1], product)] = pod["ip"]
+    pools = sum(len(reconciler.current_status(k, view.resource(k)).pools)
+                for k in view.resource_keys())  # fmt: skip
+    if pools != len(cfg["pods"]):
+        raise SystemExit(f"{pools} pools in status, {len(cfg['pods'])} pods configured")
+    return RollbackActions(kube, view, reconciler), ips
+
+
+async def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
+    actions, ips = await build_cluster(cfg)
+    loop = asyncio.get_running_loop()
+    rounds = Rounds()
+    scrapes: list[tuple[str, float, bool]] = []  # (ip, wall-clock end, ok), this round
+    per_round_scrapes: list[list[tuple[str, float, bool]]] = []
+    decisions: dict[str, dict[str, Any]] = {}  # ip → first firing signal
+    real_scrape = scrape.scrape_pod_timed
+
+    async def recorded_scrape(session, ip, sem, port):  # the real scrape, its end noted
+        snap, seconds = await real_scrape(session, ip, sem, port)
+        scrapes.append((ip, time.time(), snap is not None))
+        return snap, seconds
+
+    evaluator_module.scrape_pod_timed = recorded_scrape  # type: ignore[assignment]
+    real_apply = actions.apply_signals
+
+    async def recorded_apply(signals):
+        t = time.time()
+        for s in signals:
+            ip = ips[(s.target.mtpinference, s.target.gpu_product)]
+            if s.status == "firing" and ip not in decisions:
+                decisions[ip] = {"time": t, "alert": s.alert, "value": s.value}
+        return await real_apply(signals)
+
+    actions.apply_signals = recorded_apply  # type: ignore[method-assign]
+
+    def on_round(started: float, finished: float, signals: int) -> None:
+        rounds.add(started, finished, signals)
+        per_round_scrapes.append(list(scrapes))
+        scrapes.clear()
+
+    wanted = {p["ip"] for p in cfg["pods"] if p.get("degrade") is not None}
+    task = asyncio.create_task(run_evaluator(actions, cfg["interval"], evaluator=Evaluator(
+        actions, port=cfg["port"]), on_round=on_round))  # fmt: skip
+    deadline = loop.time() + cfg["max_seconds"]
+    while loop.time() < deadline:
+        await asyncio.sleep(0.2)
+        if len(rounds.items) >= cfg["rounds"] and wanted <= decisions.keys():
+            break
+    task.cancel()
+    kinds = {p["ip"]: p.get("kind", "ok") for p in cfg["pods"]}
+    summary = []
+    for r, done in zip(rounds.items, per_round_scrapes, strict=True):
+        ok_ends = [t for ip, t, _ in done if kinds[ip] == "ok"]
+        summary.append({**r, "scrapes": len(done), "ok": sum(1 for *_, ok in done if ok),
+                        "healthy_done": max(ok_ends) if ok_ends else None})  # fmt: skip
+    return {"rounds": summary, "decisions": decisions, "peak_rss_mib": round(peak_rss_mib(), 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=("floor", "evaluator"))
+    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    cfg = json.loads(args.config.read_text())
+    run = floor if args.mode == "floor" else evaluate
+    result = asyncio.run(run(cfg))
+    args.out.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
