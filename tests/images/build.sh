@@ -8,8 +8,11 @@
 # Each image is tagged with a key over its inputs (the Dockerfile, .dockerignore, every file
 # the build context sends, this script, the base), so a warm run with unchanged inputs builds
 # nothing; buildah's --layers cache also keeps the CPU engine's layer while only our package
-# changes. The GPU target `runtime` (FROM vllm/vllm-openai) is not built: its base cannot be
-# pulled here (tests/unit/test_dockerfile.py checks it statically).
+# changes. The CPU runtime image starts from build_engine_base.sh's base (the engine venv of
+# `make engine` copied in), so the Dockerfile's engine step reuses it instead of a second
+# PyPI install; MTP_IMAGES_ENGINE=pypi builds it the release way. The GPU target `runtime`
+# (FROM vllm/vllm-openai) is not built: its base cannot be pulled here
+# (tests/unit/test_dockerfile.py checks it statically).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -25,19 +28,18 @@ BASE=${base_line#BASE=}
 context_files() {
   { printf '%s\n' Dockerfile .dockerignore tests/images/build.sh pyproject.toml README.md
     find operator runtime -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*'
-    if [[ $1 == runtime-cpu ]]; then echo tests/engine/install_engine.sh; fi
+    if [[ $1 == runtime-cpu ]]; then echo tests/engine/install_engine.sh; echo tests/images/build_engine_base.sh; fi
   } | LC_ALL=C sort
 }
-key_of() {  # key_of TARGET
-  { echo "$BASE"; echo "$1"; context_files "$1" | while read -r f; do echo "$f"; sha256sum < "$f"; done
+key_of() {  # key_of TARGET BASE
+  { echo "$2"; echo "$1"; context_files "$1" | while read -r f; do echo "$f"; sha256sum < "$f"; done
   } | sha256sum | cut -c1-12
 }
 
 # runc + cgroupfs + rlimits below the hard limits + the host network: what works on these
 # machines (crun refuses cgroup v1 hybrid; the default bridge uses a private 10.x range).
 BUILD=(buildah bud --runtime runc --cgroup-manager cgroupfs --network host --layers
-       --ulimit nofile=4096:4096 --ulimit nproc=4096:4096
-       --build-arg "PYTHON_IMAGE=$BASE" --build-arg "CPU_BASE=$BASE")
+       --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --build-arg "PYTHON_IMAGE=$BASE")
 # RUN steps trust what the host trusts (e.g. a TLS-inspecting proxy's CA in front of PyPI): the
 # host's CA bundle is mounted for the build only; it is not part of any image layer.
 CA=${MTP_BUILD_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
@@ -45,9 +47,14 @@ if [[ -s $CA ]]; then BUILD+=(--volume "$CA:/etc/ssl/certs/ca-certificates.crt:r
 results=()
 for target in "${targets[@]}"; do
   case $target in
-    operator) tag="localhost/mtp-operator:$VERSION-$(key_of operator)"; var=OPERATOR_IMAGE ;;
-    runtime-cpu) tag="localhost/mtp-runtime:$VERSION-cpu-$(key_of runtime-cpu)"; var=RUNTIME_CPU_IMAGE
-      [[ -f tests/engine/install_engine.sh ]] || { log "ERROR: tests/engine/install_engine.sh missing"; exit 1; } ;;
+    operator) base=$BASE; tag="localhost/mtp-operator:$VERSION-$(key_of operator "$base")"
+      var=OPERATOR_IMAGE ;;
+    runtime-cpu)
+      [[ -f tests/engine/install_engine.sh ]] || { log "ERROR: tests/engine/install_engine.sh missing"; exit 1; }
+      # the Debian base plus this machine's engine venv (make engine), or BASE for PyPI
+      base_line=$(bash tests/images/build_engine_base.sh "$BASE" | tail -1)
+      base=${base_line#CPU_BASE=}
+      tag="localhost/mtp-runtime:$VERSION-cpu-$(key_of runtime-cpu "$base")"; var=RUNTIME_CPU_IMAGE ;;
     runtime) log "ERROR: the GPU runtime target builds FROM vllm/vllm-openai, which cannot be pulled here"; exit 1 ;;
     *) log "ERROR: unknown target $target (operator, runtime-cpu)"; exit 1 ;;
   esac
@@ -56,7 +63,7 @@ for target in "${targets[@]}"; do
   else
     start=$SECONDS
     log "$target: building $tag"
-    "${BUILD[@]}" --target "$target" -t "$tag" . >&2
+    "${BUILD[@]}" --build-arg "CPU_BASE=$base" --target "$target" -t "$tag" . >&2
     log "$target: built in $((SECONDS - start)) s"
     # superseded builds of this target (same repository and tag prefix) only take disk
     repo=${tag%%:*} tagname=${tag#*:}

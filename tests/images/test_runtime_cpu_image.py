@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.images import build, tiny_model, wait_until
+from support.images import build, readable_copy, run, tiny_model, wait_until
 from support.operator_proc import free_port
 
-# Not passing yet (vLLM dies at start-up inside the container: "Engine core initialization
-# failed"), so `make test` leaves it out; `make test-runtime-image` runs it.
 pytestmark = pytest.mark.runtime_image
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,10 +53,30 @@ def _get(url: str, timeout: float = 5) -> str | None:
         return None
 
 
-def test_runtime_cpu_image_serves_the_tiny_model(runtime_image: str, container) -> None:
+def test_runtime_cpu_image_refuses_a_model_its_user_cannot_read(runtime_image: str,
+                                                                 tmp_path: Path) -> None:
+    """A model volume whose weights are owner-only (root's, mode 0600, as safetensors writes
+    them) is unreadable for the image's user: the runtime says so and exits 2 before vLLM
+    starts (vLLM itself reports "No such file or directory" after a minute of start-up)."""
+    model = readable_copy(tiny_model(), tmp_path / "model")
+    (model / "model.safetensors").chmod(0o600)
+    config = _pool_config(k=2)
+    out = run(runtime_image, "serve", "--no-exporter", check=False, timeout=120,
+              flags=["-v", f"{model}:{MODEL_PATH}:ro",
+                     "-e", f"MTP_RUNTIME_CONFIG={json.dumps(config)}"])
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    assert '"event": "model_unusable"' in out.stderr, out.stderr[-3000:]
+    assert "model.safetensors (e.g. mode 0600, owner uid 0" in out.stderr, out.stderr[-3000:]
+    assert "uid 2000, gid 0" in out.stderr, out.stderr[-3000:]
+    assert '"event": "launch"' not in out.stderr  # vLLM never started
+
+
+def test_runtime_cpu_image_serves_the_tiny_model(runtime_image: str, container,
+                                                 tmp_path: Path) -> None:
     from engine import traffic  # tests/engine/traffic.py
 
-    model = tiny_model()
+    # the model as a volume the image's user (2000:0) may read
+    model = readable_copy(tiny_model(), tmp_path / "model")
     config = _pool_config(k=2)
     vllm_port, exporter_port = free_port(), free_port()
     config["serve"]["port"] = vllm_port

@@ -131,6 +131,17 @@ def tiny_model(timeout: float = 3600) -> Path:
     return Path(lines[-1].split("=", 1)[1])
 
 
+def readable_copy(model: Path, dest: Path) -> Path:
+    """A copy of the model folder that any user may read (folders 0755, files 0644). The cached
+    model's weights are owner-only (safetensors writes 0600) and the images run as non-root
+    users, as a pod's volume would need to be readable by the pod's user."""
+    shutil.copytree(model, dest)
+    dest.chmod(0o755)
+    for p in dest.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return dest
+
+
 def with_model(image: str, model: Path, path: str = "/models/tiny-mimo") -> str:
     """`image` plus the model folder at `path` (one more layer, readable by any user), tagged by
     both inputs; for a pool pod, which mounts nothing from the host."""
@@ -146,9 +157,7 @@ def with_model(image: str, model: Path, path: str = "/models/tiny-mimo") -> str:
     if podman("image", "exists", tag, check=False).returncode == 0:
         return tag
     with tempfile.TemporaryDirectory() as ctx:
-        shutil.copytree(model, Path(ctx) / "model")
-        for p in (Path(ctx) / "model").rglob("*"):
-            p.chmod(0o755 if p.is_dir() else 0o644)
+        readable_copy(model, Path(ctx) / "model")
         (Path(ctx) / "Containerfile").write_text(f"FROM {image}\nCOPY model {path}\n")
         out = subprocess.run(
             ["buildah", "bud", "--runtime", "runc", "--cgroup-manager", "cgroupfs",

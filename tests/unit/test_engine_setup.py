@@ -114,6 +114,51 @@ def test_model_folder_checks(tmp_path: Path) -> None:
     assert engine.model_problem(str(d)) is None
 
 
+def _as_other_user(fn) -> str | None:
+    """fn() in a forked child that runs as an unprivileged user (as root, which may read any
+    file, the check could never fail) or as this user where it is not root."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read)
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            os.write(write, json.dumps(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(out)
+
+
+def test_model_files_this_user_cannot_read_are_found(tmp_path: Path) -> None:
+    import tempfile
+
+    # a folder any user can reach (pytest's tmp_path sits under a root-only folder)
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:
+        os.chmod(top, 0o755)
+        d = _model(Path(top), "config.json", "tokenizer.json", "model.safetensors")
+        for f in d.iterdir():
+            f.chmod(0o644)
+        os.chmod(d, 0o755)
+        assert _as_other_user(lambda: engine.model_problem(str(d))) is None
+        # owner only, as safetensors writes it (root's file; a non-root runner owns the file,
+        # so there no one may read it)
+        mode = 0o600 if os.geteuid() == 0 else 0o000
+        (d / "model.safetensors").chmod(mode)
+        problem = _as_other_user(lambda: engine.model_problem(str(d)))
+        assert problem is not None and "model.safetensors" in problem, problem
+        assert "not readable by this process" in problem and f"mode {mode:04o}" in problem
+        os.chmod(d, 0o700)
+        problem = _as_other_user(lambda: engine.model_problem(str(d)))
+        assert problem is not None and "cannot be listed" in problem, problem
+
+
 def test_port_in_use_is_found(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
