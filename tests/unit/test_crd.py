@@ -214,6 +214,9 @@ def test_bounds_and_enums() -> None:
     assert tuning["candidates"]["x-kubernetes-list-type"] == "set"
     assert tuning["observationSeconds"]["minimum"] == 5
     assert tuning["maxTrialsPerDay"]["minimum"] == 0
+    assert tuning["revisitSeconds"]["default"] == 6 * 3600
+    assert (tuning["revisitSeconds"]["minimum"], tuning["revisitSeconds"]["maximum"]) == (
+        0, 7 * 86400)
 
 
 def test_int_or_string_fields() -> None:

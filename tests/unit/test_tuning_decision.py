@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 
@@ -238,3 +239,76 @@ def test_whole_pool_trial_started_within_the_second_its_incumbent_window_ended()
     d = decide(policy(range(5)), 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
                T0 + timedelta(seconds=SPAN + 2), 1)
     assert d.action == "adopt"
+
+
+# ---- K = 0 is blind to traffic (rule 2) ---------------------------------------------------
+
+# unpredictable traffic where speculation costs more than it brings: K=0 is best
+BLIND = SimPool(prefix=(0.3, 0.1, 0.03, 0.01), cost=linear_cost(0.012, 0.001, k0=0.006))
+
+
+def test_the_sims_make_k0_best_and_then_k_above_zero_best():
+    # first principles, not the tuner: the switch test below is only meaningful if so
+    assert best_k(BLIND, range(5)) == 0
+    assert best_k(DEEP_WINS, range(5)) == 4
+    assert DEEP_WINS.true_tps(0) < 0.5 * DEEP_WINS.true_tps(4)
+
+
+@pytest.mark.parametrize("replicas", [2, 1])
+def test_a_pool_at_k0_notices_predictable_traffic_after_revisit_seconds(replicas):
+    revisit = 4 * SPAN
+    p = policy(range(5), max_trials_per_day=10, revisit_seconds=revisit)
+    ks, trials, decisions = drive(BLIND, 3, p, replicas, windows=40, switch_at=16,
+                                  then=DEEP_WINS)
+    assert ks[15] == 0, ks  # tuned to the unpredictable traffic's best
+    after = [d for d in decisions[16:] if d.action == "start_trial"]
+    assert after, ks
+    # the first trial after the switch is the deepest candidate, started because the K >= 1
+    # windows went stale, no later than revisit + settling + one window after the last one
+    assert after[0].trial_k == 4
+    first = decisions.index(after[0])
+    assert first - 16 <= revisit / SPAN + 2, (first, ks)
+    best = best_k(DEEP_WINS, range(5))
+    assert DEEP_WINS.true_tps(ks[-1]) >= 0.95 * DEEP_WINS.true_tps(best), (ks, trials)
+    assert len(after) <= 3, trials
+    assert len(set(ks[-10:])) == 1, ks
+
+
+def test_without_revisit_a_pool_at_k0_stays_blind():
+    # the gap the rule closes: with revisitSeconds 0 the stale K >= 1 windows keep counting
+    p = policy(range(5), max_trials_per_day=10, revisit_seconds=0)
+    ks, _, _ = drive(BLIND, 3, p, 2, windows=40, switch_at=16, then=DEEP_WINS)
+    assert ks[15] == 0
+    assert set(ks[16:]) == {0}, ks
+
+
+def test_unchanged_traffic_at_k0_costs_one_returned_trial_per_revisit():
+    revisit = 6 * SPAN
+    p = policy(range(5), max_trials_per_day=96, revisit_seconds=revisit)
+    ks, trials, decisions = drive(BLIND, 3, p, 2, windows=60)
+    settled = ks.index(0)
+    assert set(ks[settled:]) == {0}  # never adopts another K
+    rechecks = [i for i, d in enumerate(decisions) if i > settled + 1
+                and d.action == "start_trial"]
+    assert rechecks, trials
+    assert all(decisions[i].trial_k == 4 for i in rechecks)
+    # each re-check's window is at K=4 and counts for `revisit`: the next comes after it
+    gaps = [b - a for a, b in pairwise(rechecks)]
+    assert gaps and all(g * SPAN > revisit for g in gaps), gaps
+    assert len(rechecks) <= (60 - settled) * SPAN / revisit + 1
+
+
+def test_seen_at_k0_keeps_only_fresh_k_windows_of_the_latest_traffic():
+    from mtp_operator.tuning.decision import seen_at_k0
+
+    t = T0.timestamp()
+    old_unpredictable = measure(BLIND.window(1, t, SPAN, 1))
+    fresh_predictable = measure(DEEP_WINS.window(4, t + 2 * SPAN, SPAN, 1))
+    at0 = measure(BLIND.window(0, t + 3 * SPAN, SPAN, 1))
+    comp = [old_unpredictable, fresh_predictable, at0]
+    # the latest K >= 1 window is fresh: it counts, the other traffic's window does not
+    assert seen_at_k0(comp, at0, 2 * SPAN) == [fresh_predictable, at0]
+    # every K >= 1 window older than revisitSeconds: only K=0 counts
+    assert seen_at_k0(comp, at0, 0.5 * SPAN) == [at0]
+    assert seen_at_k0(comp, at0, 0) == comp  # 0: never
+    assert seen_at_k0(comp, fresh_predictable, 0.5 * SPAN) == comp  # only at K=0

@@ -21,6 +21,8 @@ def test_defaults():
     p = policy_for(s)
     assert p.mode == "Off" and p.min_gain == 0.05 and p.observation_seconds == 300.0
     assert p.max_trials_per_day == 4
+    assert p.revisit_seconds == 6 * 3600.0
+    assert policy_for(spec(tuning={"revisitSeconds": 0})).revisit_seconds == 0.0
     assert p.candidates == (0, 1, 2, 3, 4, 5, 6)  # the profile table's deepest K is 6
 
 

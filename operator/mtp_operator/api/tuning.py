@@ -15,6 +15,7 @@ TuningMode = Literal["Off", "Recommend", "Auto"]
 DEFAULT_MIN_GAIN = 0.05
 DEFAULT_OBSERVATION_SECONDS = 300
 DEFAULT_MAX_TRIALS_PER_DAY = 4
+DEFAULT_REVISIT_SECONDS = 21600  # 6 h: with the default 4 trials a day, at most 4 re-checks
 MAX_TUNING_ROWS = 16  # measured table and estimates kept in status, per pool
 MAX_TRIAL_HISTORY = 10
 
@@ -58,6 +59,14 @@ class TuningSpec(_Model):
         ge=0,
         le=96,
         description="At most this many trials per pool in any 24 hours (Auto).",
+    )
+    revisit_seconds: int = Field(
+        DEFAULT_REVISIT_SECONDS,
+        ge=0,
+        le=604800,
+        description="While a pool runs K=0 vLLM drafts nothing, so its windows cannot show "
+        "that the traffic changed: windows at other K older than this stop counting and the "
+        "tuner measures a K >= 1 again (one trial, within maxTrialsPerDay). 0: never.",
     )
 
 

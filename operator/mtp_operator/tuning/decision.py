@@ -8,6 +8,13 @@ Rules, in order:
 2. The comparable table: windows whose load and traffic match the running K's latest window
    (`estimator.comparable`); older regimes are ignored, so a change of traffic starts the
    search again by itself. Every candidate gets an estimate (`estimator.estimates`).
+   **K = 0 is blind to traffic**: with speculation off vLLM drafts nothing, so a window at
+   K = 0 has no acceptance, the signature that tells one traffic from another. While the pool
+   runs K = 0, windows at K >= 1 count only while the latest of them ended within
+   `revisitSeconds` of the running window, and only those whose traffic matches that latest
+   one; after that only K = 0 counts, so rule 5a measures a K >= 1 again (one trial: it is
+   returned at once if the traffic is unchanged, and its window counts for another
+   `revisitSeconds`; it is adopted if the traffic became predictable).
 3. **Recommended K**: the best estimate (an extrapolated one only when it beats the best of
    the others by `minGain`), but only when it is at least `minGain` better than the running
    K's measured figure (hysteresis); else the running K.
@@ -35,6 +42,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from mtp_operator.api.tuning import DEFAULT_REVISIT_SECONDS
+
 from .estimator import CostFit, Estimate, Measurement, comparable, estimates
 
 Mode = Literal["Off", "Recommend", "Auto"]
@@ -57,6 +66,8 @@ class Policy:
     # how long a pod of the pool may take to start (its startup probe's budget): a trial's
     # pods load the model first, so its TRIAL_TIMEOUT_WINDOWS count from after that
     startup_seconds: float = 0.0
+    # rule 2 at K = 0: windows at other K stop counting this long after the latest of them
+    revisit_seconds: float = float(DEFAULT_REVISIT_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,21 @@ def _pct(x: float) -> str:
 def _latest(table: Sequence[Measurement], k: int, before: float | None = None):
     found = [m for m in table if m.k == k and (before is None or m.end <= before + 1e-9)]
     return max(found, key=lambda m: m.end) if found else None
+
+
+def seen_at_k0(
+    comp: Sequence[Measurement], current: Measurement, revisit_seconds: float
+) -> list[Measurement]:
+    """Rule 2 while the pool runs K = 0: the comparable windows that still count."""
+    if current.k != 0 or revisit_seconds <= 0:
+        return list(comp)
+    drafted = [m for m in comp if m.k >= 1]
+    if not drafted:
+        return list(comp)
+    anchor = max(drafted, key=lambda m: m.end)
+    if current.end - anchor.end > revisit_seconds + 1e-9:
+        return [m for m in comp if m.k == 0]
+    return [m for m in comp if m.k == 0 or comparable(m, anchor)]
 
 
 def recommend(
@@ -248,7 +274,8 @@ def decide(
     if current is None:
         return Decision("hold", running_k, None, None, None,
                         f"measuring K={running_k}: no full window yet")
-    comp = [m for m in table if comparable(m, current)]
+    comp = seen_at_k0([m for m in table if comparable(m, current)], current,
+                      policy.revisit_seconds)
     cands = tuple(sorted(set(policy.candidates) | {running_k}))
     ests, fit = estimates(comp, cands)
     rec, why = recommend(ests, running_k, policy.min_gain)

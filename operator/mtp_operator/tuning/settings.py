@@ -27,6 +27,7 @@ def policy_for(spec: MTPInferenceSpec) -> Policy:
         min_gain=t.min_gain,
         observation_seconds=float(t.observation_seconds),
         max_trials_per_day=t.max_trials_per_day,
+        revisit_seconds=float(t.revisit_seconds),
         startup_seconds=float(STARTUP_BUDGET_S),
     )
 
