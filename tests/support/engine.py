@@ -34,6 +34,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from mtp_runtime.engine import CPU_ENGINE_ARGS
+
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_DIR = REPO / "tests" / "engine"
 sys.path.insert(0, str(ENGINE_DIR))
@@ -41,8 +43,8 @@ import traffic  # noqa: E402
 
 SERVED_NAME = "tiny-mimo-mtp"
 GPU_PRODUCT = "NVIDIA-H200"  # the product the pool config claims (the engine runs on CPU)
-# Same flags the runtime adds with MTP_RUNTIME_DEVICE=cpu (mtp_runtime.engine.CPU_ENGINE_ARGS)
-CPU_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
+# The flags the runtime adds with MTP_RUNTIME_DEVICE=cpu
+CPU_ARGS = CPU_ENGINE_ARGS
 START_TIMEOUT = 900.0  # for tests: generous, the machine may be shared and loaded
 
 

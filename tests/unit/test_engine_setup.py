@@ -39,7 +39,7 @@ def test_no_additions_by_default() -> None:
 
 def test_cpu_device_adds_the_cpu_flags_and_env() -> None:
     args, env = engine.engine_additions({"MTP_RUNTIME_DEVICE": "CPU"})
-    assert args == ["--gpu-memory-utilization", "0.05", "--enforce-eager"]
+    assert args == ["--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager"]
     assert env == {"VLLM_TARGET_DEVICE": "cpu"}
 
 
@@ -221,8 +221,8 @@ def test_engine_dying_at_start_up_gives_one_line_and_its_log(tmp_path: Path) -> 
     launch = next(json.loads(line) for line in p.stderr.splitlines()
                   if line.startswith("{") and '"launch"' in line)
     assert launch["argv"][0] == str(script)
-    assert launch["argv"][-5:] == ["--gpu-memory-utilization", "0.05", "--enforce-eager",
-                                   "--host", "127.0.0.1"]
+    assert launch["argv"][-5:] == ["--kv-cache-memory-bytes", str(256 * 2**20),
+                                   "--enforce-eager", "--host", "127.0.0.1"]
     assert launch["env"]["VLLM_TARGET_DEVICE"] == "cpu"
 
 
