@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
+from mtp_operator.control import pool_writes
 from mtp_operator.control import reconciler as reconciler_module
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.reconcile_plan import Applied, pass_status, plan_pass, significant
@@ -141,7 +142,7 @@ async def test_the_service_is_applied_once_until_the_watch_shows_it_gone(monkeyp
     view.services.discard(KEY)  # someone deleted it, and the watch shows that
     await rec.reconcile(KEY)
     assert service_applies() == 2
-    monkeypatch.setattr(reconciler_module, "SERVICE_WATCH_GRACE", 0.0)
+    monkeypatch.setattr(pool_writes, "SERVICE_WATCH_GRACE", 0.0)
     await rec.reconcile(KEY)  # the watch never showed the new one: applied again after grace
     assert service_applies() == 3
     rec.forget(KEY)

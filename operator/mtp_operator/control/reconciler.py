@@ -22,27 +22,13 @@ from lightkube import ApiError
 from mtp_operator import builders
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.api.tuning import PoolTuningStatus
-from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
+from mtp_operator.control.pool_writes import PoolWrites
 from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
-from mtp_operator.drift import drifted_fields
-from mtp_operator.events import (
-    REASON_MANUAL_CHANGE_REVERTED,
-    REASON_POOL_CREATED,
-    REASON_POOL_REMOVED,
-    REASON_POOL_RETAINED,
-    REASON_POOL_UPDATED,
-    manual_change_reverted,
-    pool_created,
-    pool_removed,
-    pool_retained,
-    pool_updated,
-)
 from mtp_operator.model_cache import cache_problems, effective
-from mtp_operator.naming import ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import PoolPlan
 from mtp_operator.reconcile_plan import (
     Applied,
-    PassPlan,
     pass_status,
     plan_pass,
     product_of,
@@ -55,11 +41,9 @@ from mtp_operator.settings import OperatorSettings
 from mtp_operator.status import (
     observe_deployment,
     read_status,
-    retained_entry,
     status_changed,
     to_wire,
 )
-from mtp_operator.timestamps import format_time
 from mtp_operator.tuning.state import with_tuning
 from mtp_operator.validation import Problem, problems_text, spec_problems
 
@@ -94,10 +78,6 @@ class _Slot:
     seen_pools: dict[str, int] = field(default_factory=dict)
 
 
-# Our Service apply stands in for the watch's copy until the watch shows it (then its absence
-# means someone deleted it) or, should the watch never show it, this many seconds. Under a
-# large rollout the watch can take over a minute to deliver it.
-SERVICE_WATCH_GRACE = 300.0
 # A status change that only reports progress (replica counts, messages, a rollout's
 # Progressing condition while the phase stays Progressing: reconcile_plan.significant) is
 # coalesced with whatever comes next and written at most every progress_interval() seconds
@@ -112,7 +92,7 @@ RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resourc
 UNEXPECTED_RETRY_SECONDS = 30.0  # after an error that is not the API server's
 
 
-class Reconciler:
+class Reconciler(PoolWrites):
     def __init__(
         self,
         kube: Kube,
@@ -348,94 +328,6 @@ class Reconciler:
             # the caller retries (reconcile_or_retry): the API server may be briefly away
             raise TransientReconcileError(applied.error)
 
-    async def apply(
-        self,
-        key: Key,
-        body: Mapping[str, Any],
-        desired: list[dict[str, Any]],
-        plan: PassPlan,
-        observed_bodies: Mapping[str, Mapping[str, Any]],
-        previous: MTPInferenceStatus | None = None,
-    ) -> Applied:
-        """The I/O step: the Service if missing, each pool that drifted, the pools whose fate
-        is removal; retained pools are left as they run (reported, see _retained)."""
-        hashes: dict[str, str] = {}
-        try:
-            slot = self.slot(key)
-            since = time.monotonic() - slot.service_applied
-            if self.view.has_service(key):
-                slot.service_seen = True
-            elif slot.service_seen or since > SERVICE_WATCH_GRACE:
-                await self.kube.apply(desired[0])
-                slot.service_applied, slot.service_seen = time.monotonic(), False
-            for obj, pool in zip(desired[1:], plan.pools, strict=True):
-                hashes[pool.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
-                await self._apply_pool(body, obj, pool, observed_bodies.get(pool.gpu_product))
-            await self._apply_canaries(key, body, plan)
-            removed = await self._remove_pools(key, body, observed_bodies, plan)
-            retained = await self._retained(key, body, previous, observed_bodies, plan)
-        except (ApiError, TransportError) as err:
-            if isinstance(err, ApiError):
-                error = f"{err.status.code}: {err.status.message}"
-            else:
-                error = f"API server unreachable: {type(err).__name__} {err}".strip()
-            log.warning("reconcile %s/%s failed: %s", key[0], key[1], error)
-            return Applied(hashes, [], error)
-        return Applied(hashes, removed, retained=retained)
-
-    async def _remove_pools(
-        self,
-        key: Key,
-        body: Mapping[str, Any],
-        observed: Mapping[str, Mapping[str, Any]],
-        plan: PassPlan,
-    ) -> list[str]:
-        """Delete the pools whose fate is removal; returns their GPU products."""
-        removed = []
-        for fate in plan.fates:
-            if fate.action != "remove" or fate.gpu_product not in observed:
-                continue
-            dep = observed[fate.gpu_product]
-            await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
-            self.slot(key).pools.pop(fate.gpu_product, None)
-            removed.append(fate.gpu_product)
-            await self.kube.event(
-                body, REASON_POOL_REMOVED, pool_removed(fate.gpu_product, fate.message)
-            )
-        return removed
-
-    async def _retained(
-        self,
-        key: Key,
-        body: Mapping[str, Any],
-        previous: MTPInferenceStatus | None,
-        observed: Mapping[str, Mapping[str, Any]],
-        plan: PassPlan,
-    ) -> list[tuple[PoolStatus, str]]:
-        """Status entries of the pools kept as they run; an Event when one starts being kept,
-        and a pass at the earliest removal deadline."""
-        before = {p.gpu_product: p for p in (previous.pools if previous else [])}
-        out = []
-        for fate in plan.fates:
-            if fate.action != "retain" or fate.gpu_product not in observed:
-                continue
-            dep = observed[fate.gpu_product]
-            prev = before.get(fate.gpu_product)
-            since = format_time(fate.gone_since) if fate.gone_since else None
-            entry = retained_entry(key[1], prev, dep, observe_deployment(dep), fate.reason, since)
-            if (prev.retained if prev else None) != fate.reason:
-                await self.kube.event(
-                    body,
-                    REASON_POOL_RETAINED,
-                    pool_retained(fate.gpu_product, fate.message),
-                    "Warning",
-                )
-            if fate.remove_at is not None:
-                delay = (fate.remove_at - self.clock()).total_seconds()
-                self.reconcile_later(key, max(delay, 0.0) + 0.5)
-            out.append((entry, fate.message))
-        return out
-
     def _spec(
         self, key: Key, body: Mapping[str, Any]
     ) -> tuple[MTPInferenceSpec | None, list[Problem]]:
@@ -446,21 +338,6 @@ class Reconciler:
             spec, problems = spec_problems(body.get("spec") or {})
             slot.spec_memo = (text, spec, problems)
         return slot.spec_memo[1], list(slot.spec_memo[2] or [])
-
-    async def _apply_canaries(self, key: Key, body: Mapping[str, Any], plan: PassPlan) -> None:
-        """Create each tuning canary pod once (the tuner deletes it when its trial ends)."""
-        slot = self.slot(key)
-        assert plan.spec is not None
-        uid = (body.get("metadata") or {}).get("uid", "")
-        for product, cplan in plan.canaries.items():
-            pod = builders.canary_pod(key[1], key[0], uid, plan.spec, cplan,
-                                      self.settings.default_image, self.settings.gpu_profiles,
-                                      effective(plan.spec, self.settings.model_cache))
-            if slot.canaries.get(product) != pod["metadata"]["name"]:
-                await self.kube.apply(pod)
-                slot.canaries[product] = pod["metadata"]["name"]
-        for product in [p for p in slot.canaries if p not in plan.canaries]:
-            del slot.canaries[product]
 
     def _desired(
         self, key: Key, uid: str, spec: MTPInferenceSpec, plans: list[PoolPlan],
@@ -490,59 +367,6 @@ class Reconciler:
             )
             slot.desired_memo = (inputs, objs)
         return slot.desired_memo[1]
-
-    async def _write_pool(
-        self,
-        owner: Mapping[str, Any],
-        plan: PoolPlan,
-        desired: Mapping[str, Any],
-        replace_rv: str | None = None,
-    ) -> None:
-        if replace_rv is not None:  # someone added fields: only a full replace removes them
-            out = await self.kube.replace(desired, replace_rv)
-        else:
-            out = await self.kube.apply(desired)
-        OPERATOR_METRICS.deployment_writes.inc()
-        meta = owner.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
-        if resource_version(out):
-            self.slot(key).pools[plan.gpu_product] = out
-
-    async def _apply_pool(
-        self,
-        owner: Mapping[str, Any],
-        desired: Mapping[str, Any],
-        plan: PoolPlan,
-        observed: Mapping[str, Any] | None,
-    ) -> None:
-        if observed is not None:
-            changed = drifted_fields(desired, observed)
-            if not changed:
-                return
-            ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
-            theirs = (
-                (observed.get("metadata") or {})
-                .get("annotations", {})
-                .get(ANNOTATION_SETTINGS_HASH)
-            )
-            added = any(c.startswith("added ") for c in changed)
-            rv = (observed.get("metadata") or {}).get("resourceVersion") if added else None
-            await self._write_pool(owner, plan, desired, rv)
-            if ours == theirs:
-                await self.kube.event(
-                    owner,
-                    REASON_MANUAL_CHANGE_REVERTED,
-                    manual_change_reverted(plan.gpu_product, changed),
-                    "Warning",
-                )
-            else:
-                await self.kube.event(owner, REASON_POOL_UPDATED, pool_updated(plan))
-            return
-        await self._write_pool(owner, plan, desired)
-        await self.kube.event(
-            owner, REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"])
-        )
-
 
 class TransientReconcileError(RuntimeError):
     """The API server refused or failed a write; retried by the caller."""
