@@ -315,6 +315,54 @@ def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows:
     return log, trials, running
 
 
+def switch_only(b: Bench, classes: list[str], candidates: list[int], ref: int, args: Any,
+                policy: Policy, res: dict[str, Any], out: Path) -> int:
+    """The traffic switch alone (--switch-from K): the pool runs K under the last class's
+    traffic with the windows a tuner would have measured there (one canary window at the
+    deepest and one at the shallowest other candidate >= 1, set up, not decided), then the
+    traffic becomes the first class's and the tuner carries on with that table."""
+    to_cls, from_cls, start = classes[0], classes[-1], args.switch_from
+    pool = Pool(b, (ref, ref), to_cls)
+    try:
+        print(f"sweep {to_cls}", flush=True)
+        sw = sweep(b, [to_cls], candidates, ref, args.rounds, pool)[to_cls]
+        best = max(sw, key=lambda k: sw[k]["ratio_to_ref"])
+        res["classes"][to_cls] = {"sweep": {str(k): v for k, v in sw.items()}, "best_k": best,
+                                  "profile_share": share(sw, ref)}
+        write(res, out)
+        print(f"setup: K={start} under {from_cls} traffic", flush=True)
+        pool.traffic(from_cls)
+        pool.set_k(0, start)
+        deep = [k for k in candidates if k >= 1 and k != start]
+        table: list[Measurement] = []
+        setup = []
+        for k in sorted({max(deep), min(deep)}, reverse=True) if deep else []:
+            pool.set_k(1, k)
+            ms = pool.window()
+            table += ms.values()
+            setup.append({"ks": [start, k], "output_tokens_per_cpu_s": {
+                str(kk): round(m.output_tps, 2) for kk, m in ms.items()}})
+            print(f"  setup window K=[{start}, {k}]: {setup[-1]['output_tokens_per_cpu_s']}",
+                  flush=True)
+        pool.set_k(1, start)
+        print(f"switch: {from_cls} -> {to_cls}, tuner from K={start}", flush=True)
+        pool.traffic(to_cls)
+        log, trials, final = tune(b, pool, to_cls, policy, args.stay, args.max_windows,
+                                  table, [])
+        stayed = len(log) >= args.stay and len({tuple(e["ks"]) for e in log[-args.stay:]}) == 1
+        first = next((e["window"] for e in log if e["action"] == "start_trial"), None)
+        res["switch"] = {"from_class": from_cls, "to_class": to_cls, "start_k": start,
+                         "setup": setup, "first_trial_window": first, "final_k": final,
+                         "share": share(sw, final), "trials": trials, "stayed": stayed,
+                         "windows": log,
+                         "pass": share(sw, final) >= 0.95 and len(trials) <= 3 and stayed}
+        write(res, out)
+    finally:
+        pool.stop()
+    print(markdown(res))
+    return 0 if res["switch"]["pass"] else 1
+
+
 def share(sw: dict[int, dict[str, Any]], k: int) -> float:
     best = max(v["ratio_to_ref"] for v in sw.values())
     return round(sw[k]["ratio_to_ref"] / best, 4) if best > 0 else 0.0
@@ -362,6 +410,13 @@ def markdown(res: dict[str, Any]) -> str:
             f"{r['sweep'][str(k)]['ratio_to_ref']:.3f}" for k in res["candidates"]) + " |")
     sw = res.get("switch")
     if sw:
+        if sw.get("setup"):
+            lines += ["", f"Set up, not decided (`--switch-from {sw['start_k']}`): the pool at "
+                      f"K={sw['start_k']} under {sw['from_class']} traffic, with one canary "
+                      "window at each of " + ", ".join(f"K={s['ks'][1]}" for s in sw["setup"])
+                      + " (" + "; ".join(str(s["output_tokens_per_cpu_s"]) for s in sw["setup"])
+                      + " output per engine CPU-second), the windows a tuner from K="
+                      f"{sw['start_k']} tries first; then the traffic switched."]
         lines += ["", f"Traffic switched under the tuned pool ({sw['from_class']} -> "
                   f"{sw['to_class']}): the tuner went from K={sw['start_k']} to "
                   f"K={sw['final_k']} ({sw['share']:.1%} of {sw['to_class']}'s best) after "
@@ -394,6 +449,11 @@ def main() -> int:
     ap.add_argument("--max-windows", type=int, default=24)
     ap.add_argument("--revisit", type=int, default=None,
                     help="revisitSeconds in windows (default: --stay)")
+    ap.add_argument("--switch-from", type=int, default=None, metavar="K",
+                    help="only the traffic switch, from a pool at K (e.g. 0) under the last "
+                    "class's traffic: sweep the first class only, set the pool up with one "
+                    "canary window at each other deepest/shallowest candidate (as rule 5 "
+                    "would try them), then switch to the first class and run the tuner")
     ap.add_argument("--min-gain", type=float, default=0.05)
     ap.add_argument("--out", default=str(RESULTS / "tuning.json"))
     ap.add_argument("--vllm", default=os.environ.get("VLLM"), help="default: make engine")
@@ -421,6 +481,8 @@ def main() -> int:
                      "revisit_windows": revisit},
         "candidates": candidates, "profile_k": ref, "classes": {},
     }
+    if args.switch_from is not None:
+        return switch_only(b, classes, candidates, ref, args, policy, res, out)
     pool = Pool(b, (ref, ref), classes[0])
     try:
         print("sweep", flush=True)
