@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 
 import pytest
 
-from support.cluster_fixtures import crd_installed, start_operator  # noqa: F401
+from support.cluster_fixtures import crd_installed, get_json, start_operator, wait_for  # noqa: F401
+from support.cpu_node import PORTS, PRODUCT
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +23,27 @@ def real_node(sandbox) -> Iterator[object]:
         yield node
     finally:
         node.stop()
+
+
+@pytest.fixture
+def cpu_gpu_node(real_node, kubectl):
+    """The real node labelled and sized like a one-GPU node of product CPU-VLLM."""
+    # vLLM binds the node's IP (see the test), the exporter every address
+    for host, port in ((real_node.ip, PORTS[0]), ("0.0.0.0", PORTS[1])):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                pytest.fail(f"port {host}:{port} is taken on this host: a hostNetwork pool "
+                            "needs it")
+    kubectl("label", "node", real_node.name, f"nvidia.com/gpu.product={PRODUCT}", "--overwrite")
+    patch = {"status": {"capacity": {"nvidia.com/gpu": "1"}}}
+    kubectl("patch", "node", real_node.name, "--subresource=status", "--type=merge",
+            "-p", json.dumps(patch))
+    wait_for(lambda: get_json(kubectl, "node", real_node.name)["status"]["allocatable"]
+             .get("nvidia.com/gpu") == "1", 30, message="allocatable nvidia.com/gpu: 1")
+    yield real_node
+    kubectl("label", "node", real_node.name, "nvidia.com/gpu.product-", check=False)
+    kubectl("patch", "node", real_node.name, "--subresource=status", "--type=json", "-p",
+            json.dumps([{"op": "remove", "path": "/status/capacity/nvidia.com~1gpu"}]),
+            check=False)

@@ -12,7 +12,6 @@ GPU from the pool configuration and runs the CPU engine.
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 
 import pytest
@@ -20,38 +19,13 @@ import pytest
 import support.mtpi as mtpi
 from realnode import LABEL, TOLERATION
 from support.cluster_fixtures import get_json, wait_for
+from support.cpu_node import PORTS, PRODUCT, counter_sum
 from support.images import build, tiny_model, with_model
 from support.mtpi import metric
 
 pytestmark = pytest.mark.runtime_image
 
-PRODUCT = "CPU-VLLM"
 MODEL_PATH = "/models/tiny-mimo"
-PORTS = (8000, 9400)  # the pool's http and metrics ports, on the node (hostNetwork)
-
-
-@pytest.fixture
-def cpu_gpu_node(real_node, kubectl):
-    """The real node labelled and sized like a one-GPU node of product CPU-VLLM."""
-    # vLLM binds the node's IP (see the test), the exporter every address
-    for host, port in ((real_node.ip, PORTS[0]), ("0.0.0.0", PORTS[1])):
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                pytest.fail(f"port {host}:{port} is taken on this host: a hostNetwork pool "
-                            "needs it")
-    kubectl("label", "node", real_node.name, f"nvidia.com/gpu.product={PRODUCT}", "--overwrite")
-    patch = {"status": {"capacity": {"nvidia.com/gpu": "1"}}}
-    kubectl("patch", "node", real_node.name, "--subresource=status", "--type=merge",
-            "-p", json.dumps(patch))
-    wait_for(lambda: get_json(kubectl, "node", real_node.name)["status"]["allocatable"]
-             .get("nvidia.com/gpu") == "1", 30, message="allocatable nvidia.com/gpu: 1")
-    yield real_node
-    kubectl("label", "node", real_node.name, "nvidia.com/gpu.product-", check=False)
-    kubectl("patch", "node", real_node.name, "--subresource=status", "--type=json", "-p",
-            json.dumps([{"op": "remove", "path": "/status/capacity/nvidia.com~1gpu"}]),
-            check=False)
 
 
 def test_pool_on_the_real_node_runs_real_vllm(cpu_gpu_node, kubectl, namespace,
@@ -93,8 +67,8 @@ def test_pool_on_the_real_node_runs_real_vllm(cpu_gpu_node, kubectl, namespace,
     # vLLM in the pod ran with the pool's K: two draft tokens per draft
     with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
         text = r.read().decode()
-    drafts = _sum(text, "vllm:spec_decode_num_drafts_total")
-    assert drafts > 0 and _sum(text, "vllm:spec_decode_num_draft_tokens_total") == 2 * drafts
+    drafts = counter_sum(text, "vllm:spec_decode_num_drafts_total")
+    assert drafts > 0 and counter_sum(text, "vllm:spec_decode_num_draft_tokens_total") == 2 * drafts
     # the built-in evaluator scrapes the pod's /metrics
     wait_for(lambda: metric(op, "mtp_operator_evaluator_scrapes_total", namespace=namespace,
                             gpu_product=PRODUCT, result="ok") >= 2, 30,
@@ -111,10 +85,3 @@ def test_pool_on_the_real_node_runs_real_vllm(cpu_gpu_node, kubectl, namespace,
     wait_for(lambda: not cpu_gpu_node.ctr("tasks", "ls", "-q").stdout.split(), 60,
              message="no container left on the real node")
 
-
-def _sum(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total

@@ -19,8 +19,8 @@ folder, so it changes when any file does.
 
 Every request is recorded (`requests`: method, path, status, bytes sent); `downloads()` counts
 the file bodies served. Tests check it against the real client: `huggingface_hub`'s own
-`snapshot_download` must reproduce the folder byte for byte (tests/engine/test_model_cache.py). Standard
-library only; also a CLI:
+`snapshot_download` must reproduce the folder byte for byte
+(tests/engine/test_model_cache.py). Standard library only; also a CLI:
 `PYTHONPATH=tests python -m support.hub_standin --repo org/name=DIR --port 0`.
 """
 
