@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from support.exposition import sample_sum
 from support.images import build, readable_copy, run, tiny_model, wait_until
 from support.operator_proc import free_port
 
@@ -102,21 +103,14 @@ def test_runtime_cpu_image_serves_the_tiny_model(runtime_image: str, container,
             assert json.loads(r.read())["choices"][0]["text"] is not None
     # vLLM's own counters: K=2 drafts ran (two draft tokens per draft)
     raw = _get(base + "/metrics")
-    drafts = _counter(raw, "vllm:spec_decode_num_drafts_total")
-    tokens = _counter(raw, "vllm:spec_decode_num_draft_tokens_total")
+    drafts = sample_sum(raw, "vllm:spec_decode_num_drafts_total")
+    tokens = sample_sum(raw, "vllm:spec_decode_num_draft_tokens_total")
     assert drafts > 0 and tokens == 2 * drafts, (drafts, tokens)
     # the exporter answers with the MTP figures of the same counters: K observed = T / D = 2
     exported = wait_until(
         lambda: (t := _get(f"http://127.0.0.1:{exporter_port}/metrics"))
-        and _counter(t, "mtp_observed_num_speculative_tokens") == 2 and t,
+        and sample_sum(t, "mtp_observed_num_speculative_tokens") == 2 and t,
         60, "the exporter's observed K", c.logs)
-    assert _counter(exported, "mtp_runtime_vllm_up") == 1
-    assert _counter(exported, "mtp_window_drafts") > 0
+    assert sample_sum(exported, "mtp_runtime_vllm_up") == 1
+    assert sample_sum(exported, "mtp_window_drafts") > 0
 
-
-def _counter(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total

@@ -19,7 +19,8 @@ import pytest
 import support.mtpi as mtpi
 from realnode import LABEL, TOLERATION
 from support.cluster_fixtures import get_json, wait_for
-from support.cpu_node import PORTS, PRODUCT, counter_sum
+from support.cpu_node import PORTS, PRODUCT
+from support.exposition import sample_sum
 from support.images import build, tiny_model, with_model
 from support.mtpi import metric
 
@@ -67,8 +68,8 @@ def test_pool_on_the_real_node_runs_real_vllm(cpu_gpu_node, kubectl, namespace,
     # vLLM in the pod ran with the pool's K: two draft tokens per draft
     with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
         text = r.read().decode()
-    drafts = counter_sum(text, "vllm:spec_decode_num_drafts_total")
-    assert drafts > 0 and counter_sum(text, "vllm:spec_decode_num_draft_tokens_total") == 2 * drafts
+    drafts = sample_sum(text, "vllm:spec_decode_num_drafts_total")
+    assert drafts > 0 and sample_sum(text, "vllm:spec_decode_num_draft_tokens_total") == 2 * drafts
     # the built-in evaluator scrapes the pod's /metrics
     wait_for(lambda: metric(op, "mtp_operator_evaluator_scrapes_total", namespace=namespace,
                             gpu_product=PRODUCT, result="ok") >= 2, 30,

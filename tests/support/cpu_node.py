@@ -11,11 +11,3 @@ from __future__ import annotations
 PRODUCT = "CPU-VLLM"
 PORTS = (8000, 9400)  # the pool's http and metrics ports, on the node (hostNetwork)
 
-
-def counter_sum(text: str, name: str) -> float:
-    """The sum of a counter's samples over all label sets in a Prometheus exposition."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total

@@ -43,8 +43,6 @@ import traffic  # noqa: E402
 
 SERVED_NAME = "tiny-mimo-mtp"
 GPU_PRODUCT = "NVIDIA-H200"  # the product the pool config claims (the engine runs on CPU)
-# The flags the runtime adds with MTP_RUNTIME_DEVICE=cpu
-CPU_ARGS = CPU_ENGINE_ARGS
 START_TIMEOUT = 900.0  # for tests: generous, the machine may be shared and loaded
 
 
@@ -151,7 +149,7 @@ class RealEngine:
         env.update(self.env)
         if self.via == "vllm":
             argv = [self.vllm, "serve", self.model, "--port", str(self.port), "--host",
-                    self.host, "--served-model-name", SERVED_NAME, *CPU_ARGS]
+                    self.host, "--served-model-name", SERVED_NAME, *CPU_ENGINE_ARGS]
             if self.k > 0:
                 spec = {"method": "mtp", "num_speculative_tokens": self.k}
                 argv += ["--speculative-config", json.dumps(spec)]

@@ -29,6 +29,16 @@ def parse(text: str) -> tuple[dict[str, str], dict[str, str], list[tuple[str, di
     return types, helps, samples
 
 
+def sample_sum(text: str, name: str) -> float:
+    """The sum of one metric's samples over all its label sets (other lines are ignored)."""
+    total = 0.0
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if m and m.group(1) == name:
+            total += float(m.group(4))
+    return total
+
+
 def raw_counters(text: str) -> dict[str, object]:
     """D, T, A and c_j summed over series, read straight from the exposition."""
     _, _, samples = parse(text)

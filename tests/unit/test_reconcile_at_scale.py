@@ -62,11 +62,18 @@ def test_ready_and_a_new_rollout_are_significant() -> None:
     assert again.phase == "Progressing" and significant(again) != significant(ready)
 
 
-async def test_a_rollout_takes_two_status_writes_when_it_is_quick(monkeypatch) -> None:
-    monkeypatch.setattr(reconciler_module, "STATUS_COUNTS_INTERVAL", 60.0)
+def _two_pools(monkeypatch, counts_interval: float):
+    """A resource with an H100 and an L40S pool on the in-memory cluster, progress-only
+    status writes at most every `counts_interval` seconds."""
+    monkeypatch.setattr(reconciler_module, "STATUS_COUNTS_INTERVAL", counts_interval)
     kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
     view.add(mtpinference("res", SPEC))
     rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    return kube, view, rec
+
+
+async def test_a_rollout_takes_two_status_writes_when_it_is_quick(monkeypatch) -> None:
+    kube, view, rec = _two_pools(monkeypatch, counts_interval=60.0)
     await rec.reconcile(KEY)
     assert kube.count("patch_status") == 1  # Progressing, pools created
     view.deliver(kube, ready=False)  # the Deployment controller: rolled out, pods not ready
@@ -82,10 +89,7 @@ async def test_a_rollout_takes_two_status_writes_when_it_is_quick(monkeypatch) -
 
 
 async def test_deferred_progress_is_written_by_the_later_pass(monkeypatch) -> None:
-    monkeypatch.setattr(reconciler_module, "STATUS_COUNTS_INTERVAL", 0.2)
-    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
-    view.add(mtpinference("res", SPEC))
-    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    kube, view, rec = _two_pools(monkeypatch, counts_interval=0.2)
     await rec.reconcile(KEY)
     view.deliver(kube, ready=False)
     await rec.reconcile(KEY)
