@@ -25,17 +25,26 @@ def real_node(sandbox) -> Iterator[object]:
         node.stop()
 
 
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 @pytest.fixture
 def cpu_gpu_node(real_node, kubectl):
     """The real node labelled and sized like a one-GPU node of product CPU-VLLM."""
-    # vLLM binds the node's IP (see the test), the exporter every address
+    # vLLM binds the node's IP (see the test), the exporter every address. Both servers set
+    # SO_REUSEADDR (uvicorn, http.server), so the check does too: the previous real-node test's
+    # connections to the same ports sit in TIME_WAIT for a minute, which only a bind without
+    # SO_REUSEADDR refuses. A process of that test still exiting gets 60 s to go.
     for host, port in ((real_node.ip, PORTS[0]), ("0.0.0.0", PORTS[1])):
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                pytest.fail(f"port {host}:{port} is taken on this host: a hostNetwork pool "
-                            "needs it")
+        wait_for(lambda h=host, p=port: _bindable(h, p), 60,
+                 message=f"port {host}:{port} free on this host (a hostNetwork pool needs it)")
     kubectl("label", "node", real_node.name, f"nvidia.com/gpu.product={PRODUCT}", "--overwrite")
     patch = {"status": {"capacity": {"nvidia.com/gpu": "1"}}}
     kubectl("patch", "node", real_node.name, "--subresource=status", "--type=merge",
