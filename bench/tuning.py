@@ -15,8 +15,8 @@ sweep   the exhaustive answer: each candidate K on replica 1 beside the profile 
 tuner   the tuner's own estimator and decision (mtp_operator.tuning) in `Auto`, driven by the
         windows measured on the pool, from the profile table's K on both replicas: a trial is
         a canary (replica 1 restarted at the trial K, judged against replica 0 over the same
-        window); adoption restarts replica 0 at the new K as well; it runs until no trial has
-        started for --stay windows.
+        windows: the median of --trial-windows of them); adoption restarts replica 0 at the
+        new K as well; it runs until no trial has started for --stay windows.
 
 Reported per class: the sweep, the best K, the profile K's share of the best, the K the tuner
 ended at and its share (both on the sweep's scale), the trials, whether it stayed put for the
@@ -54,6 +54,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine")]
 
 import traffic  # noqa: E402  (tests/engine/traffic.py)
 
+from mtp_operator.api.tuning import DEFAULT_TRIAL_WINDOWS  # noqa: E402
 from mtp_operator.tuning.counters import pod_sample, window_counters  # noqa: E402
 from mtp_operator.tuning.decision import Guard, Policy, Trial, decide  # noqa: E402
 from mtp_operator.tuning.estimator import Measurement, measure  # noqa: E402
@@ -385,7 +386,8 @@ def markdown(res: dict[str, Any]) -> str:
         "Every figure compares two engines over the same window (the machine is shared and "
         "its load moves absolute tokens/s by several times between minutes): the sweep runs "
         f"each K beside the profile table's K={res['profile_k']}; the tuner's trials are "
-        "canaries beside the pool's K.", "",
+        "canaries beside the pool's K, each judged on the median ratio of "
+        f"{st.get('trial_windows', 1)} windows (trialWindows).", "",
         f"| traffic | best K (x K={res['profile_k']}) | profile K={res['profile_k']}: share | "
         f"tuner's K: share | trials | stayed {st['stay']} windows | pass |",
         "|---|---|---|---|---|---|---|",
@@ -446,7 +448,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3, help="sweep windows per K and class")
     ap.add_argument("--stay", type=int, default=10, help="quiet windows that end a tuner run")
-    ap.add_argument("--max-windows", type=int, default=24)
+    ap.add_argument("--max-windows", type=int, default=40)
+    ap.add_argument("--trial-windows", type=int, default=None,
+                    help="trialWindows: windows that judge a trial (default: the API's, 3)")
     ap.add_argument("--revisit", type=int, default=None,
                     help="revisitSeconds in windows (default: --stay)")
     ap.add_argument("--switch-from", type=int, default=None, metavar="K",
@@ -467,8 +471,9 @@ def main() -> int:
         vllm, model = engine_paths()
     b = Bench(vllm, model, args.concurrency, args.max_tokens, args.window, args.warmup)
     revisit = args.stay if args.revisit is None else args.revisit
+    trial_windows = args.trial_windows or DEFAULT_TRIAL_WINDOWS
     policy = Policy("Auto", tuple(candidates), args.min_gain, args.window, 10,
-                    revisit_seconds=revisit * args.window)
+                    revisit_seconds=revisit * args.window, trial_windows=trial_windows)
     ref = DEFAULT_K if DEFAULT_K in candidates else max(candidates)
     out = Path(args.out)
     res: dict[str, Any] = {
@@ -478,7 +483,7 @@ def main() -> int:
         "settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens,
                      "window_s": args.window, "warmup_s": args.warmup, "rounds": args.rounds,
                      "stay": args.stay, "min_gain": args.min_gain, "replicas": 2,
-                     "revisit_windows": revisit},
+                     "revisit_windows": revisit, "trial_windows": trial_windows},
         "candidates": candidates, "profile_k": ref, "classes": {},
     }
     if args.switch_from is not None:

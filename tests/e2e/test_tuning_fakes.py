@@ -158,7 +158,8 @@ def test_auto_canary_beside_the_pool_same_window_then_adopted(
         assert dep["spec"]["replicas"] == 1 and deployment_k(dep) == 4
         t = tuning_of(kubectl, namespace, "can")
         assert t["trial"]["kind"] == "canary" and t["trial"]["k"] == 1
-        # judged over one window against the K=4 replica: +25 %, adopted by the whole pool
+        # judged over three windows (the default trialWindows) against the K=4 replica: +25 %,
+        # adopted by the whole pool
         t = wait_for(lambda: (x := tuning_of(kubectl, namespace, "can")).get("tunedK") == 1
                      and x, 6 * WINDOW + 30, interval=1, message="K=1 adopted")
         assert t["trials"][0]["kind"] == "canary" and "same window" in t["trials"][0]["reason"]

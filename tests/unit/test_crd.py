@@ -217,6 +217,8 @@ def test_bounds_and_enums() -> None:
     assert tuning["revisitSeconds"]["default"] == 6 * 3600
     assert (tuning["revisitSeconds"]["minimum"], tuning["revisitSeconds"]["maximum"]) == (
         0, 7 * 86400)
+    assert tuning["trialWindows"]["default"] == 3
+    assert (tuning["trialWindows"]["minimum"], tuning["trialWindows"]["maximum"]) == (1, 12)
 
 
 def test_int_or_string_fields() -> None:

@@ -35,6 +35,10 @@ def policy(cands, mode="Auto", **kw):
     return Policy(mode, tuple(cands), observation_seconds=SPAN, **kw)
 
 
+# a trial judged on its first window alone (the rules of one window's judgement)
+ONE_WINDOW = policy(range(5), trial_windows=1)
+
+
 def best_k(sim, cands):
     return max(cands, key=sim.true_tps)
 
@@ -138,11 +142,11 @@ def test_canary_judged_against_the_same_window():
     inc = measure(LINEAR.window(3, started.timestamp(), SPAN, 1))
     worse = measure(LINEAR.window(1, started.timestamp(), SPAN, 1))
     now = started + timedelta(seconds=SPAN)
-    d = decide(policy(range(5)), 3, _trial(), [], [inc, worse], Guard(), now, 2)
+    d = decide(ONE_WINDOW, 3, _trial(), [], [inc, worse], Guard(), now, 2)
     assert d.action == "return" and d.k == 3 and "same window" in d.reason
     better = measure(DEEP_WINS.window(4, started.timestamp(), SPAN, 1))
     inc2 = measure(DEEP_WINS.window(1, started.timestamp(), SPAN, 1))
-    d = decide(policy(range(5)), 1, _trial(4, 1), [], [inc2, better], Guard(), now, 2)
+    d = decide(ONE_WINDOW, 1, _trial(4, 1), [], [inc2, better], Guard(), now, 2)
     assert d.action == "adopt" and d.k == 4 and d.recommended_k == 4
 
 
@@ -157,14 +161,14 @@ def test_canary_waits_for_its_window_and_times_out():
 def test_a_trial_waits_for_its_pods_to_start_before_its_windows_count():
     # startup 1800 s (the pool's startup probe budget) + 3 windows of SPAN: no abort before
     inc = measure(LINEAR.window(3, T0.timestamp() - SPAN, SPAN, 1))
-    slow = policy(range(5), startup_seconds=1800)
+    slow = policy(range(5), startup_seconds=1800, trial_windows=1)
     limit = 1800 + 3 * SPAN
     d = decide(slow, 3, _trial(), [], [inc], Guard(), T0 + timedelta(seconds=limit - 1), 2)
     assert d.action == "hold", d
     d = decide(slow, 3, _trial(), [], [inc], Guard(), T0 + timedelta(seconds=limit + 1), 2)
     assert d.action == "abort" and "1800 s of start-up and 3 windows" in d.reason
     # without the allowance, three windows alone
-    d = decide(policy(range(5)), 3, _trial(), [], [inc], Guard(),
+    d = decide(ONE_WINDOW, 3, _trial(), [], [inc], Guard(),
                T0 + timedelta(seconds=3 * SPAN + 1), 2)
     assert d.action == "abort"
 
@@ -172,7 +176,7 @@ def test_a_trial_waits_for_its_pods_to_start_before_its_windows_count():
 def test_whole_pool_trial_compares_with_the_window_before_it():
     before = measure(DEEP_WINS.window(1, T0.timestamp() - SPAN, SPAN, 1))
     during = measure(DEEP_WINS.window(4, T0.timestamp(), SPAN, 1))
-    d = decide(policy(range(5)), 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
+    d = decide(ONE_WINDOW, 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
                T0 + timedelta(seconds=SPAN), 1)
     assert d.action == "adopt" and "whole pool" in d.reason
 
@@ -236,9 +240,98 @@ def test_whole_pool_trial_started_within_the_second_its_incumbent_window_ended()
     # the trial's start comes back from status to the second; the window ended 0.6 s later
     before = measure(DEEP_WINS.window(1, T0.timestamp() - SPAN + 0.6, SPAN, 1))
     during = measure(DEEP_WINS.window(4, T0.timestamp() + 1.0, SPAN, 1))
-    d = decide(policy(range(5)), 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
+    d = decide(ONE_WINDOW, 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
                T0 + timedelta(seconds=SPAN + 2), 1)
     assert d.action == "adopt"
+
+
+
+# ---- a trial is judged on the median of trialWindows windows (rule 4) ---------------------
+
+def _canary_windows(sim, k, from_k, slow):
+    """Canary windows at K beside the incumbent at from_k, one per entry of `slow` (the
+    factor on the canary's step cost in that window: a neighbour took its cores)."""
+    out = []
+    for i, f in enumerate(slow):
+        start = T0.timestamp() + i * SPAN
+        out += [measure(sim.window(from_k, start, SPAN, 1)),
+                measure(sim.window(k, start, SPAN, 1, noise=f))]
+    return out
+
+
+def test_one_slow_window_does_not_return_a_better_k():
+    # DEEP_WINS: K=4 beats K=1 by true_tps; the middle window's canary got half its cores
+    gain = DEEP_WINS.true_tps(4) / DEEP_WINS.true_tps(1) - 1
+    assert 0.5 < gain < 1.0
+    table = _canary_windows(DEEP_WINS, 4, 1, [1.0, 2.0, 1.0])
+    at = [T0 + timedelta(seconds=(i + 1) * SPAN) for i in range(3)]
+    p3, p1 = policy(range(5)), policy(range(5), trial_windows=1)
+    assert p3.trial_windows == 3  # the default
+    # judged on its second window alone, the trial would go back
+    d = decide(p1, 1, _trial(4, 1), [], table[:4], Guard(), at[1], 2)
+    assert d.action == "return", d
+    d = decide(p3, 1, _trial(4, 1), [], table[:2], Guard(), at[0], 2)
+    assert d.action == "hold" and "1 of 3 windows" in d.reason
+    d = decide(p3, 1, _trial(4, 1), [], table[:4], Guard(), at[1], 2)
+    assert d.action == "hold" and "2 of 3 windows" in d.reason
+    d = decide(p3, 1, _trial(4, 1), [], table, Guard(), at[2], 2)
+    assert d.action == "adopt" and d.k == 4, d
+    # the reason lists each window's ratio; the median is the two agreeing ones
+    slow = (1 + gain) * 0.5 - 1
+    assert f"median {gain * 100:+.1f} % over 3 windows" in d.reason, d.reason
+    assert f"{slow * 100:+.1f} %" in d.reason, d.reason
+
+
+def test_one_lucky_window_does_not_adopt_a_worse_k():
+    # LINEAR: K=1 is worse than K=3; in one window the incumbent's cores went to the canary
+    loss = LINEAR.true_tps(1) / LINEAR.true_tps(3) - 1
+    assert loss < -0.05
+    table = _canary_windows(LINEAR, 1, 3, [1.0, 0.5, 1.0])
+    assert table[3].output_tps / table[2].output_tps > 1.05  # alone, that window would adopt
+    d = decide(policy(range(5)), 3, _trial(1, 3), [], table, Guard(),
+               T0 + timedelta(seconds=3 * SPAN), 2)
+    assert d.action == "return" and d.k == 3, d
+    assert f"median {loss * 100:+.1f} %" in d.reason
+
+
+def test_a_trial_short_of_windows_at_its_time_out_is_judged_on_those_it_has():
+    table = _canary_windows(DEEP_WINS, 4, 1, [1.0, 1.0])
+    # time-out: TRIAL_TIMEOUT_WINDOWS + 3 - 1 = 5 windows after the start
+    d = decide(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
+               T0 + timedelta(seconds=5 * SPAN - 1), 2)
+    assert d.action == "hold" and "2 of 3 windows" in d.reason
+    d = decide(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
+               T0 + timedelta(seconds=5 * SPAN + 1), 2)
+    assert d.action == "adopt" and "over 2 windows" in d.reason
+    # and with no window at all by then: aborted, the allowance in words
+    d = decide(policy(range(5)), 1, _trial(4, 1), [], table[:1], Guard(),
+               T0 + timedelta(seconds=5 * SPAN + 1), 2)
+    assert d.action == "abort" and "5 windows" in d.reason
+
+
+def test_a_change_of_traffic_in_the_latest_window_returns_at_once():
+    table = _canary_windows(DEEP_WINS, 4, 1, [1.0])
+    start = T0.timestamp() + SPAN
+    # second window: the incumbent sees other traffic (another acceptance signature)
+    table += [measure(SHALLOW.window(1, start, SPAN, 1)),
+              measure(DEEP_WINS.window(4, start, SPAN, 1))]
+    d = decide(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
+               T0 + timedelta(seconds=2 * SPAN), 2)
+    assert d.action == "return" and "traffic changed" in d.reason
+
+
+def test_whole_pool_trial_pairs_its_windows_with_the_incumbents_before_it():
+    # the incumbent's last three windows before the trial, then three at the trial's K; the
+    # trial's first window is slow (pods warming up): the median still adopts
+    before = [measure(DEEP_WINS.window(1, T0.timestamp() - (3 - i) * SPAN, SPAN, 1))
+              for i in range(3)]
+    during = [measure(DEEP_WINS.window(4, T0.timestamp() + i * SPAN, SPAN, 1, noise=f))
+              for i, f in enumerate([1 / 0.6, 1.0, 1.0])]
+    d = decide(policy(range(5)), 1, _trial(4, 1, "pool"), [], before + during, Guard(),
+               T0 + timedelta(seconds=3 * SPAN), 1)
+    gain = DEEP_WINS.true_tps(4) / DEEP_WINS.true_tps(1) - 1
+    assert d.action == "adopt" and "whole pool" in d.reason
+    assert f"median {gain * 100:+.1f} % over 3 windows" in d.reason, d.reason
 
 
 # ---- K = 0 is blind to traffic (rule 2) ---------------------------------------------------

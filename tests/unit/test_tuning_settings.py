@@ -23,6 +23,8 @@ def test_defaults():
     assert p.max_trials_per_day == 4
     assert p.revisit_seconds == 6 * 3600.0
     assert policy_for(spec(tuning={"revisitSeconds": 0})).revisit_seconds == 0.0
+    assert p.trial_windows == 3
+    assert policy_for(spec(tuning={"trialWindows": 1})).trial_windows == 1
     assert p.candidates == (0, 1, 2, 3, 4, 5, 6)  # the profile table's deepest K is 6
 
 

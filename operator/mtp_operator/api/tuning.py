@@ -15,6 +15,7 @@ TuningMode = Literal["Off", "Recommend", "Auto"]
 DEFAULT_MIN_GAIN = 0.05
 DEFAULT_OBSERVATION_SECONDS = 300
 DEFAULT_MAX_TRIALS_PER_DAY = 4
+DEFAULT_TRIAL_WINDOWS = 3  # one window's noise can exceed minGain; the median of 3 cannot
 DEFAULT_REVISIT_SECONDS = 21600  # 6 h: with the default 4 trials a day, at most 4 re-checks
 MAX_TUNING_ROWS = 16  # measured table and estimates kept in status, per pool
 MAX_TRIAL_HISTORY = 10
@@ -59,6 +60,14 @@ class TuningSpec(_Model):
         ge=0,
         le=96,
         description="At most this many trials per pool in any 24 hours (Auto).",
+    )
+    trial_windows: int = Field(
+        DEFAULT_TRIAL_WINDOWS,
+        ge=1,
+        le=12,
+        description="A trial is judged on this many windows at its K: the median of its ratios "
+        "to the incumbent over the same windows (canary) or to the incumbent's windows before "
+        "the trial (whole pool) must reach minGain. More windows: slower trials, less noise.",
     )
     revisit_seconds: int = Field(
         DEFAULT_REVISIT_SECONDS,

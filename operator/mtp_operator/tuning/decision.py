@@ -18,9 +18,14 @@ Rules, in order:
 3. **Recommended K**: the best estimate (an extrapolated one only when it beats the best of
    the others by `minGain`), but only when it is at least `minGain` better than the running
    K's measured figure (hysteresis); else the running K.
-4. A trial that has a full window at its K is judged against the incumbent over the same
-   window (canary: the other replicas; whole pool: the incumbent's last window before it):
-   at least `minGain` better → adopt, else return to the incumbent.
+4. A trial is judged once it has `trialWindows` full windows at its K, each paired with the
+   incumbent (canary: the other replicas over the same window; whole pool: the incumbent's
+   windows before the trial, latest first): the median of the pairs' ratios at least
+   `minGain` above 1 → adopt, else return to the incumbent. One window's noise can exceed
+   minGain on shared hardware (25 % was seen on two shared CPU cores); a median of three
+   needs two of them to agree. The latest pair not comparable (load or traffic changed
+   against the incumbent) → return at once; earlier pairs that are not comparable are left
+   out. A trial that reaches its time-out with some but fewer windows is judged on those.
 5. `Auto` only, within `maxTrialsPerDay` (24 h sliding) and not within one observation window
    of the last trial's end: the next trial is the first of
    a. no K ≥ 1 measured: the deepest candidate (its counters give every smaller K's tokens
@@ -37,12 +42,13 @@ Rules, in order:
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from mtp_operator.api.tuning import DEFAULT_REVISIT_SECONDS
+from mtp_operator.api.tuning import DEFAULT_REVISIT_SECONDS, DEFAULT_TRIAL_WINDOWS
 
 from .estimator import CostFit, Estimate, Measurement, comparable, estimates
 
@@ -52,7 +58,7 @@ Outcome = Literal["adopted", "returned", "aborted"]
 Action = Literal["hold", "start_trial", "adopt", "return", "abort"]
 
 DAY = timedelta(days=1)
-TRIAL_TIMEOUT_WINDOWS = 3  # a trial with no window at its K after this many windows is aborted
+TRIAL_TIMEOUT_WINDOWS = 3  # a trial short of windows this many windows late is aborted/judged
 STATUS_TIME_RESOLUTION = 1.0  # seconds: trial times come back from status as whole seconds
 
 
@@ -68,6 +74,8 @@ class Policy:
     startup_seconds: float = 0.0
     # rule 2 at K = 0: windows at other K stop counting this long after the latest of them
     revisit_seconds: float = float(DEFAULT_REVISIT_SECONDS)
+    # rule 4: windows at the trial's K that judge it (the median of their paired ratios)
+    trial_windows: int = DEFAULT_TRIAL_WINDOWS
 
 
 @dataclass(frozen=True)
@@ -200,44 +208,64 @@ def next_trial(
     return None, "no untried candidate is estimated to beat the best measured K by minGain"
 
 
-def _judge(policy: Policy, trial: Trial, table: Sequence[Measurement], now: datetime) -> Decision:
+def _pairs(trial: Trial, table: Sequence[Measurement]) -> list[tuple[Measurement, Measurement]]:
+    """Rule 4's pairs (trial window, incumbent window), oldest first."""
     started = trial.started.timestamp()
+    at_k = sorted((m for m in table if m.k == trial.k and m.start >= started - 1e-9),
+                  key=lambda m: m.end)
+    if trial.kind == "canary":
+        out = []
+        for tm in at_k:
+            same = [m for m in table if m.k == trial.from_k
+                    and abs(m.end - tm.end) <= 0.05 * tm.seconds
+                    and abs(m.start - tm.start) <= 0.05 * tm.seconds]
+            if same:
+                out.append((tm, same[-1]))
+        return out
+    # whole pool: status keeps times to the second, so "before" allows that much
+    before = sorted((m for m in table if m.k == trial.from_k
+                     and m.end <= started + STATUS_TIME_RESOLUTION + 1e-9),
+                    key=lambda m: m.end, reverse=True)
+    return list(zip(at_k, before[: len(at_k)][::-1], strict=False))
+
+
+def _judge(policy: Policy, trial: Trial, table: Sequence[Measurement], now: datetime) -> Decision:
     hold = Decision("hold", trial.from_k, None, None, None, "")
-    tm = _latest([m for m in table if m.start >= started - 1e-9], trial.k)
-    if tm is None:
-        timeout = timedelta(seconds=policy.startup_seconds
-                            + TRIAL_TIMEOUT_WINDOWS * policy.observation_seconds)
-        if now - trial.started > timeout:
+    need = max(1, policy.trial_windows)
+    pairs = _pairs(trial, table)
+    late = now - trial.started > timedelta(
+        seconds=policy.startup_seconds
+        + (TRIAL_TIMEOUT_WINDOWS + need - 1) * policy.observation_seconds)
+    if not pairs:
+        if late:
             allowance = (f"{policy.startup_seconds:.0f} s of start-up and "
                          if policy.startup_seconds else "")
             return Decision(
                 "abort", trial.from_k, None, None, None,
                 f"trial of K={trial.k} got no window in {allowance}"
-                f"{TRIAL_TIMEOUT_WINDOWS} windows",
+                f"{TRIAL_TIMEOUT_WINDOWS + need - 1} windows",
             )
         return _with(hold, f"trial of K={trial.k} ({trial.kind}) running, no full window yet")
-    if trial.kind == "canary":
-        same = [
-            m for m in table
-            if m.k == trial.from_k
-            and abs(m.end - tm.end) <= 0.05 * tm.seconds
-            and abs(m.start - tm.start) <= 0.05 * tm.seconds
-        ]
-        inc = same[-1] if same else None
-    else:  # status keeps times to the second: the window that ended as the trial began
-        inc = _latest(table, trial.from_k, before=started + STATUS_TIME_RESOLUTION)
-    if inc is None:
-        return _with(hold, f"trial of K={trial.k}: no incumbent window to compare with yet")
-    if not comparable(tm, inc):
+    if not comparable(*pairs[-1]):
         return Decision(
             "return", trial.from_k, None, None, None,
             f"trial of K={trial.k}: load or traffic changed against the incumbent's window",
         )
-    gain = tm.output_tps / inc.output_tps - 1
-    words = (
-        f"K={trial.k} {tm.output_tps:.4g} vs K={trial.from_k} {inc.output_tps:.4g} "
-        f"tok/s/replica ({_pct(gain)}, {'same window' if trial.kind == 'canary' else 'whole pool'})"
-    )
+    if len(pairs) < need and not late:
+        return _with(hold, f"trial of K={trial.k} ({trial.kind}): {len(pairs)} of {need} "
+                           "windows")
+    kept = [(tm, inc) for tm, inc in pairs[-need:] if comparable(tm, inc)]
+    ratios = [tm.output_tps / inc.output_tps for tm, inc in kept]
+    gain = statistics.median(ratios) - 1
+    tm, inc = kept[-1]
+    where = "same window" if trial.kind == "canary" else "whole pool"
+    if len(kept) == 1:
+        words = (f"K={trial.k} {tm.output_tps:.4g} vs K={trial.from_k} {inc.output_tps:.4g} "
+                 f"tok/s/replica ({_pct(gain)}, {where})")
+    else:
+        each = ", ".join(_pct(r - 1) for r in ratios)
+        words = (f"K={trial.k} vs K={trial.from_k}: median {_pct(gain)} over {len(kept)} "
+                 f"windows ({each}; {where})")
     if gain >= policy.min_gain:
         return Decision("adopt", trial.k, None, None, trial.k, f"adopted: {words}")
     return Decision("return", trial.from_k, None, None, None, f"returned: {words}")

@@ -28,6 +28,7 @@ def policy_for(spec: MTPInferenceSpec) -> Policy:
         observation_seconds=float(t.observation_seconds),
         max_trials_per_day=t.max_trials_per_day,
         revisit_seconds=float(t.revisit_seconds),
+        trial_windows=t.trial_windows,
         startup_seconds=float(STARTUP_BUDGET_S),
     )
 
