@@ -117,6 +117,35 @@ async def test_two_signals_for_one_pool_in_one_batch_roll_it_once(serving) -> No
     assert kube.count("patch_status") == 1  # the one writer, once
 
 
+async def test_with_no_cooldown_each_signal_of_a_batch_steps_from_the_one_before() -> None:
+    # cooldownSeconds 0: three alerts for one pool in one body act as three in a row would
+    # (6 -> 5 -> 4 -> 3), each recorded once with its own from/to K; not three times 6 -> 5
+    clock = Clock()
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100)])
+    view.add(mtpinference("res", {"model": "org/model", "tensorParallelSize": 8,
+                                  "rollback": {"cooldownSeconds": 0}}))
+    reconciler = Reconciler(kube, view, OperatorSettings(), clock=clock)
+    await reconciler.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    await reconciler.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    kube.calls.clear()
+    kube.events.clear()
+    actions = RollbackActions(kube, view, reconciler, clock=clock)
+    outcome = await actions.apply_signals([low_hit_rate(value=v) for v in (0.6, 0.5, 0.4)])
+    assert (outcome.rolled_back, outcome.unchanged) == (3, 0)
+    assert k_of(kube.deployments()[H100]) == 3
+    steps = [(r["fromK"], r["toK"]) for r in kube.statuses[KEY]["rollbacks"]]
+    assert steps == [(6, 5), (5, 4), (4, 3)]
+    assert [e[1] for e in kube.events].count("SpeculationRolledBack") == 3
+    assert kube.count("patch_status") == 1
+    # at K=0 more alerts change nothing and record nothing
+    view.deliver(kube, ready=True)
+    outcome = await actions.apply_signals([low_hit_rate() for _ in range(5)])
+    assert (outcome.rolled_back, outcome.unchanged) == (3, 2)
+    assert k_of(kube.deployments()[H100]) == 0
+    assert len(kube.statuses[KEY]["rollbacks"]) == 6
+
 async def test_alerts_within_the_resource_threshold_and_unknown_targets(serving) -> None:
     kube, _view, actions, _clock = serving
     outcome = await actions.apply_signals(

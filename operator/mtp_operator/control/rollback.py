@@ -103,6 +103,9 @@ class RollbackActions:
             generation = (body.get("metadata") or {}).get("generation")
             status = self.reconciler.current_status(key, body)
             decisions: list[Decision] = []
+            # a pool's state after this batch's earlier signals: status carries the rollback
+            # fields but not the K the pass will roll to, so the next signal starts from here
+            states: dict[str, PoolRollbackState] = {}
             by_label = {
                 label_value(p.gpu_product): p.gpu_product
                 for p in status.pools
@@ -121,10 +124,11 @@ class RollbackActions:
                 except PlanError:
                     outcome.unchanged += 1
                     continue
-                state = PoolRollbackState.from_pool_status(
+                state = states.get(product) or PoolRollbackState.from_pool_status(
                     pool, spec_k, spec.speculative.mtp_layers
                 )
                 decision = decide(state, sig, spec.rollback, self.clock(), generation)
+                states[product] = decision.state
                 after = with_decisions(status, [decision])  # the next signal sees this one
                 if after != status:
                     decisions.append(decision)
@@ -149,9 +153,10 @@ class RollbackActions:
                 failed = err  # status (with the rollbacks) is written; a pool write failed
             if records and failed is None:
                 OPERATOR_METRICS.signal_to_patch.observe(time.monotonic() - received)
-            for rec in records:
-                await self.kube.event(
-                    body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back(rec), "Warning"
-                )
-            if failed is not None:
-                raise failed
+        # Events after the lock: the next alert for this resource need not wait for them
+        for rec in records:
+            await self.kube.event(
+                body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back(rec), "Warning"
+            )
+        if failed is not None:
+            raise failed
