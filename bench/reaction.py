@@ -71,8 +71,19 @@ from support.pool_fakes import PoolFakes  # noqa: E402
 
 
 def alert_payload(namespace: str, resource: str, product: str, i: int) -> bytes:
+    return webhook_body([alert_doc(namespace, resource, product, i)], i)
+
+
+def webhook_body(alerts: list[dict[str, Any]], i: int) -> bytes:
+    return json.dumps({"version": "4", "status": "firing", "receiver": "mtp-operator",
+                       "groupKey": f"bench-{i}", "groupLabels": {}, "commonLabels": {},
+                       "commonAnnotations": {}, "externalURL": "http://bench",
+                       "truncatedAlerts": 0, "alerts": alerts}).encode()
+
+
+def alert_doc(namespace: str, resource: str, product: str, i: int) -> dict[str, Any]:
     now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    alert = {
+    return {
         "status": "firing",
         "labels": {"alertname": "MTPHitRateLow", "namespace": namespace,
                    "mtpinference": resource, "gpu_product": product, "severity": "warning"},
@@ -80,10 +91,6 @@ def alert_payload(namespace: str, resource: str, product: str, i: int) -> bytes:
         "startsAt": now, "endsAt": "0001-01-01T00:00:00Z",
         "fingerprint": f"bench-{uuid.uuid4().hex[:12]}-{i}",
     }
-    return json.dumps({"version": "4", "status": "firing", "receiver": "mtp-operator",
-                       "groupKey": f"bench-{i}", "groupLabels": {}, "commonLabels": {},
-                       "commonAnnotations": {}, "externalURL": "http://bench",
-                       "truncatedAlerts": 0, "alerts": [alert]}).encode()
 
 
 async def _one_alert(session: aiohttp.ClientSession, url: str, watched: Watched,
@@ -103,9 +110,45 @@ async def _one_alert(session: aiohttp.ClientSession, url: str, watched: Watched,
             "http_s": t_answer - t0, "patch_s": t_patch - t0}
 
 
+async def _big_body(session: aiohttp.ClientSession, url: str, watched: Watched, ns: str,
+                    pools: list[tuple[str, str]], side: list[tuple[str, str]], n: int,
+                    log) -> dict[str, Any]:
+    """`n` alerts in one body, spread over `pools`; while it is in flight, one single alert
+    at a time for each of `side` (pools the body does not name), each timed to its patch."""
+    alerts = [alert_doc(ns, *pools[i % len(pools)], 20_000 + i) for i in range(n)]
+    body = webhook_body(alerts, 20_000)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    log(f"webhook: one body of {n} alerts ({len(body) / 1e6:.2f} MB) for {len(pools)} pools; "
+        f"{len(side)} single alerts for other pools while it is handled")
+    t0 = time.monotonic()
+
+    async def big() -> tuple[float, dict[str, Any]]:
+        async with session.post(url, data=body, headers=headers) as resp:
+            doc = await resp.json()
+            if resp.status != 200:
+                raise RuntimeError(f"big body: HTTP {resp.status} {doc}")
+            return time.monotonic() - t0, doc
+
+    task = asyncio.create_task(big())
+    singles = []
+    for i, pool in enumerate(side):
+        await asyncio.sleep(0.02)
+        in_flight = not task.done()  # the big body not yet answered when this one is sent
+        singles.append(await _one_alert(session, url, watched, ns, pool, 30_000 + i)
+                       | {"big_body_in_flight": in_flight})
+    answer_s, doc = await task
+    return {"alerts": n, "bytes": len(body), "answer_s": answer_s,
+            "answer": {k: doc.get(k) for k in ("received", "signals", "changed", "unchanged")},
+            "singles_during": sum(1 for s in singles if s["big_body_in_flight"]),
+            "summary": {"patch_s": summary([s["patch_s"] for s in singles
+                                            if s["big_body_in_flight"]])},
+            "samples": singles}
+
+
 async def webhook_phase(cluster: Cluster, args: argparse.Namespace, log) -> dict[str, Any]:
     ns = f"bench-reaction-wh-{uuid.uuid4().hex[:5]}"
     names = [f"r{i:02d}" for i in range(args.resources)]
+    side_names = [f"s{i:02d}" for i in range(args.side_resources if args.big_body else 0)]
     cluster.kubectl("create", "namespace", ns)
     tmp = Path(tempfile.mkdtemp(prefix="mtp-reaction-"))
     (tmp / "token").write_text(TOKEN + "\n")
@@ -117,30 +160,46 @@ async def webhook_phase(cluster: Cluster, args: argparse.Namespace, log) -> dict
     watched = Watched()
     watcher = None
     try:
-        cluster.apply_resources(ns, names, {
+        # every pool at the same fixed K, so each can take the burst's alert and its share of
+        # the sequential ones before it reaches K=0 (the profile table's L40S K=2 could not)
+        cluster.apply_resources(ns, names + side_names, {
             "model": "deepseek-ai/DeepSeek-V3", "gpuProducts": list(args.products),
-            "speculative": {"mtpLayers": 1}, "rollback": {"cooldownSeconds": 0}})
-        cluster.wait_ready(ns, names)
+            "tensorParallelSize": 1,
+            "speculative": {"mtpLayers": 1, "numSpeculativeTokens": args.k},
+            "rollback": {"cooldownSeconds": 0}})
+        cluster.wait_ready(ns, names + side_names)
         watcher = asyncio.create_task(watch_pools(client, ns, watched))
         pools = [(n, p) for n in names for p in args.products]
+        side = [(n, p) for n in side_names for p in args.products]
         async with watched.cond:
             await asyncio.wait_for(watched.cond.wait_for(
-                lambda: all(p in watched.k for p in pools)), 30)
-        log(f"webhook: {len(pools)} pools Ready in {ns}; {args.alerts} sequential alerts")
+                lambda: all(p in watched.k for p in pools + side)), 30)
+        per_pool = 1 + -(-args.alerts // len(pools))
+        if per_pool > args.k:
+            raise SystemExit(f"--alerts {args.alerts} over {len(pools)} pools needs K >= "
+                             f"{per_pool} (burst + sequential); --k is {args.k}")
         url = f"http://127.0.0.1:{port}/alerts"
         sequential, burst = [], []
+        big: dict[str, Any] | None = None
         async with aiohttp.ClientSession() as session:
+            log(f"webhook: {len(pools)} pools Ready in {ns}; a burst of {len(pools)} alerts, "
+                "one per pool, all at once")
+            burst = list(await asyncio.gather(*(
+                _one_alert(session, url, watched, ns, pool, 10_000 + i)
+                for i, pool in enumerate(pools))))
+            await asyncio.sleep(1)
+            log(f"webhook: {args.alerts} sequential alerts")
             order = [p for _ in range(args.alerts) for p in pools][: args.alerts]
             for i, pool in enumerate(order):
                 sequential.append(await _one_alert(session, url, watched, ns, pool, i))
                 await asyncio.sleep(args.spacing)
-            log(f"webhook: burst of {len(pools)} alerts, one per pool, all at once")
-            await asyncio.sleep(1)
-            burst = list(await asyncio.gather(*(
-                _one_alert(session, url, watched, ns, pool, 10_000 + i)
-                for i, pool in enumerate(p for p in pools if watched.k[p] > 0))))
+            if args.big_body:
+                await asyncio.sleep(1)
+                big = await _big_body(session, url, watched, ns, pools, side, args.big_body,
+                                      log)
         return {
-            "namespace": ns, "resources": len(names), "pools": len(pools),
+            "namespace": ns, "resources": len(names), "pools": len(pools), "k": args.k,
+            "big_body": big,
             "sequential": {"summary": {
                 "patch_s": summary([s["patch_s"] for s in sequential]),
                 "http_s": summary([s["http_s"] for s in sequential])},
@@ -205,7 +264,7 @@ def crossing_time(history: list[tuple[float, float, float]], window: float,
 
 async def evaluator_phase(cluster: Cluster, args: argparse.Namespace, log) -> dict[str, Any]:
     ns = f"bench-reaction-ev-{uuid.uuid4().hex[:5]}"
-    names = [f"e{i:02d}" for i in range(args.resources)]
+    names = [f"e{i:02d}" for i in range(args.evaluator_resources)]
     rollback = {"windowSeconds": 5, "forSeconds": 0, "minDrafts": 20, "cooldownSeconds": 60}
     cluster.kubectl("create", "namespace", ns)
     tmp = Path(tempfile.mkdtemp(prefix="mtp-reaction-"))
@@ -282,11 +341,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--products", nargs="+", default=list(PRODUCTS),
                    help="GPU products (pools) per resource")
     p.add_argument("--alerts", type=int, default=60, help="sequential webhook alerts (>= 50)")
+    p.add_argument("--k", type=int, default=6,
+                   help="numSpeculativeTokens of every webhook pool (alerts step it down)")
+    p.add_argument("--big-body", type=int, default=5000,
+                   help="alerts in one webhook body after the sequential ones (0: none)")
+    p.add_argument("--side-resources", type=int, default=4,
+                   help="resources the big body does not name: single alerts for their "
+                   "pools are timed while it is handled")
     p.add_argument("--spacing", type=float, default=0.1,
                    help="seconds between sequential alerts")
     p.add_argument("--evaluator-samples", type=int, default=16)
+    p.add_argument("--evaluator-resources", type=int, default=8,
+                   help="resources of the evaluator phase (its fakes count drafts on the same "
+                   "CPUs: at 25 x 4 pools on 2 cores a healthy pool's windowed hit rate "
+                   "dipped below 0.88 and rolled back before the bench degraded it)")
     p.add_argument("--evaluator-interval", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--nodes-per-product", type=int, default=None,
+                   help="start a sandbox of its own with this many 8-GPU kwok nodes per GPU "
+                   "product (the default sandbox has 2: 16 one-GPU pools per product)")
     p.add_argument("--skip-webhook", action="store_true")
     p.add_argument("--skip-evaluator", action="store_true")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -300,7 +373,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                   flush=True))
     from sandbox import Sandbox
 
-    sb = Sandbox()
+    if args.nodes_per_product:  # a sandbox of its own, with enough simulated GPUs
+        from scale_cluster import nodes_file
+
+        state = Path(tempfile.gettempdir()) / "mtp-reaction-sandbox"
+        state.mkdir(exist_ok=True)
+        sb = Sandbox(state, nodes_file=nodes_file(state / "nodes.yaml", args.nodes_per_product))
+    else:
+        sb = Sandbox()
     sb.acquire(started_by="bench")
     try:
         cluster = Cluster(sb)
@@ -310,7 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "crd/mtpinferences.mtp-operator.io", "--timeout=60s")
         result: dict[str, Any] = {"started": datetime.now(UTC).isoformat(timespec="seconds"),
                                   "machine": machine(
-                                      sb, loadavg_start=os.getloadavg()[0], nodes=SANDBOX_NODES)}
+                                      sb, loadavg_start=os.getloadavg()[0],
+                                      nodes=f"kwok: {args.nodes_per_product} x 4 GPU products "
+                                      "(8 GPUs each)" if args.nodes_per_product
+                                      else SANDBOX_NODES)}
         if not args.skip_webhook:
             result["webhook"] = asyncio.run(webhook_phase(cluster, args, log))
             s = result["webhook"]["sequential"]["summary"]["patch_s"]
@@ -332,6 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         sb.release(keep=True)
+        if args.nodes_per_product:
+            sb.down()
 
 
 if __name__ == "__main__":
