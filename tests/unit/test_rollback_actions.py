@@ -146,6 +146,28 @@ async def test_with_no_cooldown_each_signal_of_a_batch_steps_from_the_one_before
     assert k_of(kube.deployments()[H100]) == 0
     assert len(kube.statuses[KEY]["rollbacks"]) == 6
 
+async def test_requests_waiting_for_one_resource_are_written_in_one_pass(serving) -> None:
+    # two requests (one per pool) arrive while the resource's lock is held: the first to get
+    # it decides and writes both (group commit); each request keeps its own outcome
+    import asyncio
+
+    kube, _view, actions, _clock = serving
+    async with actions.reconciler.slot(KEY).lock:
+        first = asyncio.create_task(actions.apply_signals([low_hit_rate(H100)]))
+        second = asyncio.create_task(actions.apply_signals([low_hit_rate(L40S), low_hit_rate(
+            "NVIDIA-B200")]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not first.done() and not second.done()
+    a, b = await asyncio.gather(first, second)
+    assert (a.rolled_back, a.unchanged, a.unknown) == (1, 0, [])
+    assert (b.rolled_back, b.unchanged, b.unknown) == (1, 0, ["ml/res/NVIDIA-B200"])
+    assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 5, L40S: 1}
+    assert kube.count("patch_status") == 1  # one pass for both requests
+    assert [(r["gpuProduct"], r["fromK"], r["toK"]) for r in kube.statuses[KEY]["rollbacks"]] \
+        == [(H100, 6, 5), (L40S, 2, 1)]
+    assert [e[1] for e in kube.events].count("SpeculationRolledBack") == 2
+
 async def test_alerts_within_the_resource_threshold_and_unknown_targets(serving) -> None:
     kube, _view, actions, _clock = serving
     outcome = await actions.apply_signals(

@@ -6,7 +6,9 @@ to one reconcile pass of the resource, which folds them into the status (pin, hi
 times; `rollback.state.with_decisions`), rolls exactly the affected pools' Deployments to the
 new K and writes the status once (the reconciler is the one status writer). Then each
 rollback is announced with an Event and counted. It runs under the resource's reconcile
-lock, so a rollback and a reconcile never interleave.
+lock, so a rollback and a reconcile never interleave; requests for one resource that arrive
+while its lock is held are decided and written together by the first to get it (a burst of
+alerts for one resource's pools costs one pass, not one each).
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ class Outcome:
     unknown: list[str] = field(default_factory=list)  # "ns/name[/product]" not found
 
 
+@dataclass
+class _Waiting:
+    """One request's signals for one resource, waiting for the resource's lock."""
+
+    sigs: list[AlertSignal]
+    outcome: Outcome
+    done: asyncio.Future[None]
+
+
 class RollbackActions:
     def __init__(
         self,
@@ -56,6 +67,7 @@ class RollbackActions:
         self.view = view
         self.reconciler = reconciler
         self.clock = clock
+        self._waiting: dict[Key, list[_Waiting]] = defaultdict(list)
 
     async def apply_signals(self, signals: Iterable[AlertSignal]) -> Outcome:
         if not getattr(self.view, "ready", True):
@@ -90,73 +102,105 @@ class RollbackActions:
     async def _apply_to_resource(
         self, key: Key, sigs: list[AlertSignal], outcome: Outcome, received: float
     ) -> None:
-        body = self.view.resource(key)
-        if body is None:
-            outcome.unknown += [f"{key[0]}/{key[1]}"] * len(sigs)
-            return
-        spec, problems = spec_problems(body.get("spec") or {})
-        if spec is None or problems:
-            outcome.unchanged += len(sigs)  # an invalid spec is not acted on until fixed
-            return
-        slot = self.reconciler.slot(key)
-        async with slot.lock:
-            generation = (body.get("metadata") or {}).get("generation")
-            status = self.reconciler.current_status(key, body)
-            decisions: list[Decision] = []
-            # a pool's state after this batch's earlier signals: status carries the rollback
-            # fields but not the K the pass will roll to, so the next signal starts from here
-            states: dict[str, PoolRollbackState] = {}
-            by_label = {
-                label_value(p.gpu_product): p.gpu_product
-                for p in status.pools
-                if label_value(p.gpu_product) != p.gpu_product
-            }
-            for sig in sigs:
-                product = by_label.get(sig.target.gpu_product, sig.target.gpu_product)
-                if product != sig.target.gpu_product:
-                    sig = replace(sig, target=replace(sig.target, gpu_product=product))
-                pool = next((p for p in status.pools if p.gpu_product == product), None)
-                if pool is None:
-                    outcome.unknown.append(f"{key[0]}/{key[1]}/{product}")
-                    continue
+        """Group commit: requests for one resource that wait for its lock meanwhile are
+        decided and written together by the first of them to get it (one status write and one
+        apply per pool for the lot, instead of one pass each); every request keeps its own
+        outcome and answer."""
+        me = _Waiting(sigs, outcome, asyncio.get_running_loop().create_future())
+        self._waiting[key].append(me)
+        body: dict | None = None
+        records: list = []
+        failed: TransientReconcileError | None = None
+        async with self.reconciler.slot(key).lock:
+            if not me.done.done():  # no earlier holder of the lock took these signals
+                batch = self._waiting.pop(key, [])
                 try:
-                    spec_k = plan_pool(spec, product, self.reconciler.settings.gpu_profiles).k
-                except PlanError:
-                    outcome.unchanged += 1
-                    continue
-                state = states.get(product) or PoolRollbackState.from_pool_status(
-                    pool, spec_k, spec.speculative.mtp_layers
-                )
-                decision = decide(state, sig, spec.rollback, self.clock(), generation)
-                states[product] = decision.state
-                after = with_decisions(status, [decision])  # the next signal sees this one
-                if after != status:
-                    decisions.append(decision)
-                    status = after
-                if decision.record is None:
-                    outcome.unchanged += 1
-                    log.debug(  # per signal: the receiver logs one line per request
-                        "%s/%s %s: %s", key[0], key[1], product, decision.reason
-                    )
-                    continue
-                outcome.rolled_back += 1
-                OPERATOR_METRICS.rollbacks.labels(key[0], key[1], product, sig.alert).inc()
-                log.warning("%s/%s %s: %s", key[0], key[1], product, decision.reason)
-            if not decisions:
-                return
-            records = [d.record for d in decisions if d.record is not None]
-            failed: TransientReconcileError | None = None
-            try:
-                # One pass: the decisions into status, exactly the affected pools rolled.
-                await self.reconciler.reconcile_locked(key, decisions)
-            except TransientReconcileError as err:
-                failed = err  # status (with the rollbacks) is written; a pool write failed
-            if records and failed is None:
-                OPERATOR_METRICS.signal_to_patch.observe(time.monotonic() - received)
+                    body, records, failed = await self._one_pass(key, batch, received)
+                except BaseException as err:
+                    for w in batch:
+                        if w is not me and isinstance(err, asyncio.CancelledError):
+                            w.done.cancel()
+                        elif w is not me:
+                            w.done.set_exception(err)
+                    raise
+                for w in batch:
+                    if failed is not None:
+                        w.done.set_exception(failed)
+                    else:
+                        w.done.set_result(None)
         # Events after the lock: the next alert for this resource need not wait for them
         for rec in records:
             await self.kube.event(
                 body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back(rec), "Warning"
             )
-        if failed is not None:
-            raise failed
+        await me.done  # raises what the pass that took these signals raised
+
+    async def _one_pass(
+        self, key: Key, batch: list[_Waiting], received: float
+    ) -> tuple[dict | None, list, TransientReconcileError | None]:
+        """Decide every waiting signal of one resource and write them in one reconcile pass
+        (under its lock). Returns (body, rollback records, the pool-write error, if any)."""
+        body = self.view.resource(key)
+        if body is None:
+            for w in batch:
+                w.outcome.unknown += [f"{key[0]}/{key[1]}"] * len(w.sigs)
+            return None, [], None
+        spec, problems = spec_problems(body.get("spec") or {})
+        if spec is None or problems:
+            for w in batch:  # an invalid spec is not acted on until fixed
+                w.outcome.unchanged += len(w.sigs)
+            return body, [], None
+        generation = (body.get("metadata") or {}).get("generation")
+        status = self.reconciler.current_status(key, body)
+        decisions: list[Decision] = []
+        # a pool's state after this batch's earlier signals: status carries the rollback
+        # fields but not the K the pass will roll to, so the next signal starts from here
+        states: dict[str, PoolRollbackState] = {}
+        by_label = {
+            label_value(p.gpu_product): p.gpu_product
+            for p in status.pools
+            if label_value(p.gpu_product) != p.gpu_product
+        }
+        for sig, outcome in ((x, w.outcome) for w in batch for x in w.sigs):
+            product = by_label.get(sig.target.gpu_product, sig.target.gpu_product)
+            if product != sig.target.gpu_product:
+                sig = replace(sig, target=replace(sig.target, gpu_product=product))
+            pool = next((p for p in status.pools if p.gpu_product == product), None)
+            if pool is None:
+                outcome.unknown.append(f"{key[0]}/{key[1]}/{product}")
+                continue
+            try:
+                spec_k = plan_pool(spec, product, self.reconciler.settings.gpu_profiles).k
+            except PlanError:
+                outcome.unchanged += 1
+                continue
+            state = states.get(product) or PoolRollbackState.from_pool_status(
+                pool, spec_k, spec.speculative.mtp_layers
+            )
+            decision = decide(state, sig, spec.rollback, self.clock(), generation)
+            states[product] = decision.state
+            after = with_decisions(status, [decision])  # the next signal sees this one
+            if after != status:
+                decisions.append(decision)
+                status = after
+            if decision.record is None:
+                outcome.unchanged += 1
+                log.debug(  # per signal: the receiver logs one line per request
+                    "%s/%s %s: %s", key[0], key[1], product, decision.reason
+                )
+                continue
+            outcome.rolled_back += 1
+            OPERATOR_METRICS.rollbacks.labels(key[0], key[1], product, sig.alert).inc()
+            log.warning("%s/%s %s: %s", key[0], key[1], product, decision.reason)
+        if not decisions:
+            return body, [], None
+        records = [d.record for d in decisions if d.record is not None]
+        failed: TransientReconcileError | None = None
+        try:
+            # One pass: the decisions into status, exactly the affected pools rolled.
+            await self.reconciler.reconcile_locked(key, decisions)
+        except TransientReconcileError as err:
+            failed = err  # status (with the rollbacks) is written; a pool write failed
+        if records and failed is None:
+            OPERATOR_METRICS.signal_to_patch.observe(time.monotonic() - received)
+        return body, records, failed
