@@ -114,11 +114,18 @@ class Bench:
     max_tokens: int
     window: float
     warmup: float
+    pin: bool = True
 
-    def engine(self, k: int) -> RealEngine:
-        # plain `vllm serve` with the CPU flags: what the tuner measures is vLLM's own counters
+    def engine(self, k: int, replica: int) -> RealEngine:
+        # plain `vllm serve` with the CPU flags: what the tuner measures is vLLM's own counters.
+        # Each replica's model worker on a core of its own (VLLM_CPU_OMP_THREADS_BIND): left
+        # to vLLM's "auto", both engines bind their worker to core 0 and keep core 1 for their
+        # front ends, so the two workers fight for one core (a run so set up measured K=0 at
+        # 0.035x K=3 per CPU-second, its worker mostly waiting) while the other core idles.
+        n = os.cpu_count() or 1
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(replica % n)} if self.pin and n > 1 else None
         return RealEngine(self.vllm, self.model, k=k, via="vllm", exporter_port=None,
-                          start_timeout=900).start()
+                          start_timeout=900, env=env).start()
 
 
 def row(m: Measurement, wall: float | None = None) -> dict[str, Any]:
@@ -148,7 +155,7 @@ class Replica:
 
     def __init__(self, b: Bench, name: str, k: int, cls: str) -> None:
         self.b, self.name, self.k, self.cls = b, name, k, cls
-        self.eng = b.engine(k)
+        self.eng = b.engine(k, int(name[1:]))
         self.load: Load | None = None
         self.start_s = self.eng.started_s
 
@@ -459,6 +466,8 @@ def main() -> int:
                     "canary window at each other deepest/shallowest candidate (as rule 5 "
                     "would try them), then switch to the first class and run the tuner")
     ap.add_argument("--min-gain", type=float, default=0.05)
+    ap.add_argument("--no-pin", action="store_true",
+                    help="leave each engine's CPU binding to vLLM (auto: every worker on core 0)")
     ap.add_argument("--out", default=str(RESULTS / "tuning.json"))
     ap.add_argument("--vllm", default=os.environ.get("VLLM"), help="default: make engine")
     ap.add_argument("--model", default=os.environ.get("MODEL"), help="default: make tiny-model")
@@ -469,7 +478,8 @@ def main() -> int:
         vllm, model = Path(args.vllm), Path(args.model)
     else:
         vllm, model = engine_paths()
-    b = Bench(vllm, model, args.concurrency, args.max_tokens, args.window, args.warmup)
+    b = Bench(vllm, model, args.concurrency, args.max_tokens, args.window, args.warmup,
+              not args.no_pin)
     revisit = args.stay if args.revisit is None else args.revisit
     trial_windows = args.trial_windows or DEFAULT_TRIAL_WINDOWS
     policy = Policy("Auto", tuple(candidates), args.min_gain, args.window, 10,
@@ -483,7 +493,8 @@ def main() -> int:
         "settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens,
                      "window_s": args.window, "warmup_s": args.warmup, "rounds": args.rounds,
                      "stay": args.stay, "min_gain": args.min_gain, "replicas": 2,
-                     "revisit_windows": revisit, "trial_windows": trial_windows},
+                     "revisit_windows": revisit, "trial_windows": trial_windows,
+                     "worker_core_per_replica": not args.no_pin},
         "candidates": candidates, "profile_k": ref, "classes": {},
     }
     if args.switch_from is not None:
