@@ -42,6 +42,7 @@ from typing import Any
 from scale_common import REPO, log
 from scale_eval_results import write_results
 
+from mtp_runtime.launcher import HTTP_KEEP_ALIVE_SECONDS
 from mtp_runtime.vllm_command import DEFAULT_PORT
 
 BENCH = REPO / "bench"
@@ -195,8 +196,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=30, help="rollback.windowSeconds")
     p.add_argument("--crossings", type=int, default=60)
     p.add_argument("--slow-seconds", type=float, default=2.0)
-    p.add_argument("--keepalive-seconds", type=float, default=5.0,
-                   help="sources close idle connections after this (vLLM: 5); 0: never")
+    p.add_argument("--keepalive-seconds", type=float, default=float(HTTP_KEEP_ALIVE_SECONDS),
+                   help="sources close idle connections after this: what mtp-runtime starts "
+                   "vLLM with (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 75; vLLM's own default: 5); "
+                   "0: never")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--seed", type=int, default=15)
     p.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE)
