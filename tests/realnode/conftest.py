@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 
 import pytest
 
+from sandbox_lib.common import port_free
 from support.cluster_fixtures import crd_installed, get_json, start_operator, wait_for  # noqa: F401
 from support.cpu_node import PORTS, PRODUCT
 
@@ -25,16 +25,6 @@ def real_node(sandbox) -> Iterator[object]:
         node.stop()
 
 
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture
 def cpu_gpu_node(real_node, kubectl):
     """The real node labelled and sized like a one-GPU node of product CPU-VLLM."""
@@ -43,7 +33,7 @@ def cpu_gpu_node(real_node, kubectl):
     # connections to the same ports sit in TIME_WAIT for a minute, which only a bind without
     # SO_REUSEADDR refuses. A process of that test still exiting gets 60 s to go.
     for host, port in ((real_node.ip, PORTS[0]), ("0.0.0.0", PORTS[1])):
-        wait_for(lambda h=host, p=port: _bindable(h, p), 60,
+        wait_for(lambda h=host, p=port: port_free(p, h), 60,
                  message=f"port {host}:{port} free on this host (a hostNetwork pool needs it)")
     kubectl("label", "node", real_node.name, f"nvidia.com/gpu.product={PRODUCT}", "--overwrite")
     patch = {"status": {"capacity": {"nvidia.com/gpu": "1"}}}

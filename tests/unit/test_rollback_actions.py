@@ -48,9 +48,16 @@ def low_hit_rate(product: str = H100, value: float = 0.6, name: str = "res") -> 
 @pytest.fixture
 async def serving() -> tuple[FakeKube, FakeView, RollbackActions, Clock]:
     """A resource with an H100 pool (K 6) and an L40S pool (K 2), rolled out and watched."""
+    return await rolled_out([H100, L40S], {})
+
+
+async def rolled_out(products: list[str], spec: dict[str, Any]):
+    """One resource rolled out and watched on one node per product; calls and events
+    cleared. Returns (kube, view, actions, clock)."""
     clock = Clock()
-    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
-    view.add(mtpinference("res", {"model": "org/model", "tensorParallelSize": 8}))
+    kube = FakeKube()
+    view = FakeView(nodes=[node(f"n{i}", p) for i, p in enumerate(products)])
+    view.add(mtpinference("res", {"model": "org/model", "tensorParallelSize": 8, **spec}))
     reconciler = Reconciler(kube, view, OperatorSettings(), clock=clock)
     await reconciler.reconcile(KEY)
     view.deliver(kube, ready=True)
@@ -120,18 +127,7 @@ async def test_two_signals_for_one_pool_in_one_batch_roll_it_once(serving) -> No
 async def test_with_no_cooldown_each_signal_of_a_batch_steps_from_the_one_before() -> None:
     # cooldownSeconds 0: three alerts for one pool in one body act as three in a row would
     # (6 -> 5 -> 4 -> 3), each recorded once with its own from/to K; not three times 6 -> 5
-    clock = Clock()
-    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100)])
-    view.add(mtpinference("res", {"model": "org/model", "tensorParallelSize": 8,
-                                  "rollback": {"cooldownSeconds": 0}}))
-    reconciler = Reconciler(kube, view, OperatorSettings(), clock=clock)
-    await reconciler.reconcile(KEY)
-    view.deliver(kube, ready=True)
-    await reconciler.reconcile(KEY)
-    view.deliver(kube, ready=True)
-    kube.calls.clear()
-    kube.events.clear()
-    actions = RollbackActions(kube, view, reconciler, clock=clock)
+    kube, view, actions, _clock = await rolled_out([H100], {"rollback": {"cooldownSeconds": 0}})
     outcome = await actions.apply_signals([low_hit_rate(value=v) for v in (0.6, 0.5, 0.4)])
     assert (outcome.rolled_back, outcome.unchanged) == (3, 0)
     assert k_of(kube.deployments()[H100]) == 3
