@@ -334,6 +334,22 @@ def test_whole_pool_trial_pairs_its_windows_with_the_incumbents_before_it():
     assert f"median {gain * 100:+.1f} % over 3 windows" in d.reason, d.reason
 
 
+
+def test_whole_pool_trial_with_one_incumbent_window_is_judged_on_time():
+    # the usual case: the tuner starts a trial right after the pool's first window, so its
+    # three windows all compare with that one; judged at the third, not at the time-out
+    before = measure(DEEP_WINS.window(1, T0.timestamp() - SPAN, SPAN, 1))
+    during = [measure(DEEP_WINS.window(4, T0.timestamp() + i * SPAN, SPAN, 1))
+              for i in range(3)]
+    p = policy(range(5))
+    d = decide(p, 1, _trial(4, 1, "pool"), [], [before, *during[:2]], Guard(),
+               T0 + timedelta(seconds=2 * SPAN), 1)
+    assert d.action == "hold" and "2 of 3 windows" in d.reason
+    d = decide(p, 1, _trial(4, 1, "pool"), [], [before, *during], Guard(),
+               T0 + timedelta(seconds=3 * SPAN), 1)
+    gain = DEEP_WINS.true_tps(4) / DEEP_WINS.true_tps(1) - 1
+    assert d.action == "adopt" and f"median {gain * 100:+.1f} % over 3 windows" in d.reason
+
 # ---- K = 0 is blind to traffic (rule 2) ---------------------------------------------------
 
 # unpredictable traffic where speculation costs more than it brings: K=0 is best

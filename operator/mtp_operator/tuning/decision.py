@@ -208,8 +208,12 @@ def next_trial(
     return None, "no untried candidate is estimated to beat the best measured K by minGain"
 
 
-def _pairs(trial: Trial, table: Sequence[Measurement]) -> list[tuple[Measurement, Measurement]]:
-    """Rule 4's pairs (trial window, incumbent window), oldest first."""
+def _pairs(
+    trial: Trial, table: Sequence[Measurement], need: int
+) -> list[tuple[Measurement, Measurement]]:
+    """Rule 4's pairs (trial window, incumbent window), oldest first. A whole-pool trial's
+    windows take the incumbent's last `need` windows before the trial in turn (latest first):
+    the tuner starts a trial after one window, so there is often only one to compare with."""
     started = trial.started.timestamp()
     at_k = sorted((m for m in table if m.k == trial.k and m.start >= started - 1e-9),
                   key=lambda m: m.end)
@@ -225,14 +229,16 @@ def _pairs(trial: Trial, table: Sequence[Measurement]) -> list[tuple[Measurement
     # whole pool: status keeps times to the second, so "before" allows that much
     before = sorted((m for m in table if m.k == trial.from_k
                      and m.end <= started + STATUS_TIME_RESOLUTION + 1e-9),
-                    key=lambda m: m.end, reverse=True)
-    return list(zip(at_k, before[: len(at_k)][::-1], strict=False))
+                    key=lambda m: m.end, reverse=True)[:need]
+    if not before:
+        return []
+    return [(tm, before[i % len(before)]) for i, tm in enumerate(reversed(at_k))][::-1]
 
 
 def _judge(policy: Policy, trial: Trial, table: Sequence[Measurement], now: datetime) -> Decision:
     hold = Decision("hold", trial.from_k, None, None, None, "")
     need = max(1, policy.trial_windows)
-    pairs = _pairs(trial, table)
+    pairs = _pairs(trial, table, need)
     late = now - trial.started > timedelta(
         seconds=policy.startup_seconds
         + (TRIAL_TIMEOUT_WINDOWS + need - 1) * policy.observation_seconds)
