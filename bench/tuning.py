@@ -153,9 +153,9 @@ def scrape(eng: RealEngine, tries: int = 3) -> Any:
 class Replica:
     """One engine of the pool with its own closed-loop load (started by `resume`)."""
 
-    def __init__(self, b: Bench, name: str, k: int, cls: str) -> None:
-        self.b, self.name, self.k, self.cls = b, name, k, cls
-        self.eng = b.engine(k, int(name[1:]))
+    def __init__(self, b: Bench, index: int, k: int, cls: str) -> None:
+        self.b, self.index, self.name, self.k, self.cls = b, index, f"r{index}", k, cls
+        self.eng = b.engine(k, index)
         self.load: Load | None = None
         self.start_s = self.eng.started_s
 
@@ -186,7 +186,7 @@ class Pool:
     def __init__(self, b: Bench, ks: tuple[int, int], cls: str) -> None:
         self.b = b
         self.wall: dict[int, float] = {}  # the last window's wall-clock output tokens/s per K
-        self.replicas = [Replica(b, f"r{i}", k, cls) for i, k in enumerate(ks)]
+        self.replicas = [Replica(b, i, k, cls) for i, k in enumerate(ks)]
         self._resume()
 
     def _resume(self) -> None:
@@ -203,7 +203,7 @@ class Pool:
             for other in self.replicas:
                 other.pause()
             r.stop()
-            self.replicas[i] = Replica(self.b, r.name, k, r.cls)
+            self.replicas[i] = Replica(self.b, r.index, k, r.cls)
             self._resume()
 
     def traffic(self, cls: str) -> None:
