@@ -19,14 +19,22 @@ leaves it alone (the sandbox's kwok manages nodes without that label). No CNI: o
 `pause()` program built with gcc and imported (no registry is reachable).
 
 containerd's root (its content store and snapshots) is kept in
-~/.cache/mtp-operator/realnode/<hash of the state dir>/ so a large image is imported once, not
-on every run; its state (sockets, running tasks) and kubelet's root are under the state dir and
-removed by stop(). Needs root (kubelet and containerd do).
+~/.cache/mtp-operator/realnode/shared/<node name>/ so a large image is imported once, not on
+every run, and once per machine, not once per checkout (the CPU runtime image takes ~13 GB
+there: its layers plus their unpacked snapshots; a cache per checkout filled a CI machine's
+disk). The node's containerd holds an flock on `<node name>.lock` for as long as it lives
+(the locked file is handed to it), so two sandboxes never share a root: the second one gets a
+root of its own under its state dir, removed by stop(). Importing an image removes the
+images of the same repository with other tags (containerd then collects their layers), so
+the cache holds one version of each image. containerd's state (sockets, running tasks) and
+kubelet's root are under the state dir and removed by stop(). Needs root (kubelet and
+containerd do).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -84,8 +92,8 @@ class RealNode:
         self.name = f"{NODE_PREFIX}{index}"
         self.ip = f"127.0.0.{index + 1}"
         self.dir = Path(sandbox.state_dir) / "realnode" / self.name
-        key = hashlib.sha256(str(Path(sandbox.state_dir).resolve()).encode()).hexdigest()[:12]
-        self.root = CACHE / key / self.name / "containerd-root"
+        self.shared_root = CACHE / "shared" / self.name / "containerd-root"
+        self.own_root = self.dir / "containerd-root"  # when another sandbox holds the shared one
         self.socket = self.dir / "containerd.sock"
         self.kubelet_root = self.dir / "kubelet"
         self.pod_logs = self.dir / "pod-logs"
@@ -101,6 +109,26 @@ class RealNode:
 
     def _save(self, st: dict[str, Any]) -> None:
         self.state_file.write_text(json.dumps(st, indent=2))
+
+    @property
+    def root(self) -> Path:
+        """The containerd root this node runs (or last ran) on."""
+        return Path(self.state().get("root") or self.shared_root)
+
+    def _take_root(self) -> tuple[Path, int | None]:
+        """The shared root with its lock taken (the open, locked file, for containerd to
+        inherit), or this node's own root when another live containerd holds the lock."""
+        lock = self.shared_root.parent.with_suffix(".lock")
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            print(f"[realnode] {self.name}: the shared containerd cache is in use by another "
+                  f"sandbox; using {self.own_root} (removed on stop)", flush=True)
+            return self.own_root, None
+        return self.shared_root, fd
 
     def is_running(self) -> bool:
         pids = self.state().get("pids", {})
@@ -128,9 +156,10 @@ class RealNode:
         if not Path(kubelet).exists():
             raise RealNodeError(f"{kubelet} missing: run tests/sandbox/build.sh")
         self.stop(quiet=True)  # leftovers of a crashed run
-        for d in (self.dir, self.root, self.kubelet_root, self.pod_logs):
+        root, lock_fd = self._take_root()
+        for d in (self.dir, root, self.kubelet_root, self.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
-        st: dict[str, Any] = {"pids": {}, "ports": {
+        st: dict[str, Any] = {"pids": {}, "root": str(root), "ports": {
             "kubelet": free_port(self.ip), "kubelet-healthz": free_port(self.ip)}}
         # No pod network: containerd reports its network ready only with a CNI config, so it
         # gets one naming a plugin that does not exist. hostNetwork pods never call it; any
@@ -141,7 +170,12 @@ class RealNode:
             "cniVersion": "1.0.0", "name": "mtp-no-pod-network",
             "plugins": [{"type": "mtp-no-pod-network"}]}))
         self._save(st)
-        st["pids"]["containerd"] = self._spawn("containerd", self._containerd_cmd())
+        try:  # the lock lives as long as containerd: it inherits the locked file
+            st["pids"]["containerd"] = self._spawn(
+                "containerd", self._containerd_cmd(), () if lock_fd is None else (lock_fd,))
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
         self._save(st)
         self._wait(lambda: self.ctr("version", check=False, timeout=10).returncode == 0,
                    30, "containerd", "containerd")
@@ -164,10 +198,11 @@ class RealNode:
             {"type": "Hostname", "address": self.name}]}},
             content_type="application/strategic-merge-patch+json")
 
-    def _spawn(self, name: str, cmd: list[str]) -> int:
+    def _spawn(self, name: str, cmd: list[str], pass_fds: tuple[int, ...] = ()) -> int:
         log = open(self.log_file(name), "ab")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                pass_fds=pass_fds)
         log.close()
         return proc.pid
 
@@ -225,15 +260,33 @@ class RealNode:
         image)."""
         if self._has_image(ref):
             return
-        tmp = self.dir / "image.tar"
+        # streamed: an archive on disk would take the image's size again (6.7 GB for the CPU
+        # runtime) while containerd writes its own copy
+        save = subprocess.Popen(["podman", "save", "--format", "docker-archive", ref],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            run(["podman", "save", "--format", "docker-archive", "-o", str(tmp), ref],
-                 timeout=1800)
-            self.ctr("images", "import", str(tmp), timeout=1800)  # unpacked for overlayfs
+            imported = run(["ctr", "--address", str(self.socket), "-n", NAMESPACE, "images",
+                            "import", "-"], timeout=1800, check=False, stdin=save.stdout)
         finally:
-            tmp.unlink(missing_ok=True)
+            save.stdout.close()  # type: ignore[union-attr]
+            saved_err = save.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+            save.wait(60)
+        if save.returncode or imported.returncode:
+            raise RealNodeError(f"podman save {ref} | ctr images import - exited "
+                                f"{save.returncode}/{imported.returncode}: "
+                                f"{saved_err.strip()[-1500:]} {imported.stderr.strip()[-1500:]}")
         if not self._has_image(ref):
             raise RealNodeError(f"containerd did not list {ref} after the import")
+        self._drop_other_tags(ref)
+
+    def _drop_other_tags(self, ref: str) -> None:
+        """Removes containerd's images of `ref`'s repository with other tags (earlier
+        builds); --sync waits for containerd to collect their layers and snapshots."""
+        repo = ref.rsplit(":", 1)[0]
+        old = [r for r in self.ctr("images", "ls", "-q", timeout=30).stdout.split()
+               if r != ref and r.rsplit(":", 1)[0] == repo]
+        if old:
+            self.ctr("images", "rm", "--sync", *old, timeout=600, check=False)
 
     # -- kubelet --------------------------------------------------------------------------
 
