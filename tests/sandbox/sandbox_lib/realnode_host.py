@@ -56,6 +56,22 @@ def pids_with(needle: str, names: tuple[str, ...]) -> list[int]:
     return found
 
 
+def holders_of(path: Path) -> list[str]:
+    """'pid command' of every live process with `path` open (a containerd whose database
+    another containerd holds waits for it without a word)."""
+    target, found = str(path), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) == target for fd in (d / "fd").iterdir()):
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{d.name} {cmd.strip()[:200]}")
+        except OSError:
+            continue
+    return found
+
+
 def mounts_under(*roots: Path) -> list[str]:
     """Mount points at or below any of `roots`, deepest first."""
     prefixes = [str(r.resolve()) for r in roots]
