@@ -103,4 +103,5 @@ bench-cache: install engine tiny-model
 	$(PY) bench/model_cache.py
 
 bench: install
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
 	@if [[ -f bench/run.py ]]; then $(PY) bench/run.py; else echo "bench/run.py does not exist yet"; fi

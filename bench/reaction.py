@@ -51,6 +51,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox")]
 import aiohttp  # noqa: E402
 from lightkube import AsyncClient, KubeConfig  # noqa: E402
 from machine_info import machine  # noqa: E402  (bench/ is sys.path[0])
+from profiling import PhaseProfile  # noqa: E402
 from reaction_common import (  # noqa: E402
     BROKEN,
     HEALTHY,
@@ -181,12 +182,20 @@ async def webhook_phase(cluster: Cluster, args: argparse.Namespace, log) -> dict
         url = f"http://127.0.0.1:{port}/alerts"
         sequential, burst = [], []
         big: dict[str, Any] | None = None
+        profiles: dict[str, Any] = {}
+
+        def profiled(phase: str) -> PhaseProfile:
+            raw = args.profile / f"reaction-{phase}.collapsed" if args.profile else None
+            return PhaseProfile(op.proc.pid, raw)
+
         async with aiohttp.ClientSession() as session:
             log(f"webhook: {len(pools)} pools Ready in {ns}; a burst of {len(pools)} alerts, "
                 "one per pool, all at once")
-            burst = list(await asyncio.gather(*(
-                _one_alert(session, url, watched, ns, pool, 10_000 + i)
-                for i, pool in enumerate(pools))))
+            with profiled("burst") as prof:
+                burst = list(await asyncio.gather(*(
+                    _one_alert(session, url, watched, ns, pool, 10_000 + i)
+                    for i, pool in enumerate(pools))))
+            profiles["burst"] = prof.result
             await asyncio.sleep(1)
             log(f"webhook: {args.alerts} sequential alerts")
             order = [p for _ in range(args.alerts) for p in pools][: args.alerts]
@@ -195,11 +204,13 @@ async def webhook_phase(cluster: Cluster, args: argparse.Namespace, log) -> dict
                 await asyncio.sleep(args.spacing)
             if args.big_body:
                 await asyncio.sleep(1)
-                big = await _big_body(session, url, watched, ns, pools, side, args.big_body,
-                                      log)
+                with profiled("big-body") as prof:
+                    big = await _big_body(session, url, watched, ns, pools, side,
+                                          args.big_body, log)
+                profiles["big_body"] = prof.result
         return {
             "namespace": ns, "resources": len(names), "pools": len(pools), "k": args.k,
-            "big_body": big,
+            "big_body": big, "profiles": profiles,
             "sequential": {"summary": {
                 "patch_s": summary([s["patch_s"] for s in sequential]),
                 "http_s": summary([s["http_s"] for s in sequential])},
@@ -360,6 +371,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--nodes-per-product", type=int, default=None,
                    help="start a sandbox of its own with this many 8-GPU kwok nodes per GPU "
                    "product (the default sandbox has 2: 16 one-GPU pools per product)")
+    p.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                   help="profile the operator (py-spy) during the burst and the big body; "
+                   "raw stacks go to DIR, the summary to reaction.json/.md")
     p.add_argument("--skip-webhook", action="store_true")
     p.add_argument("--skip-evaluator", action="store_true")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")

@@ -22,6 +22,29 @@ def _row(name: str, s: dict[str, Any], what: str) -> str:
             f"{ms(s['p99'])} | {ms(s['max'])} |")
 
 
+def _profiles(profiles: dict[str, Any]) -> list[str]:
+    """Where the CPU went in each profiled phase (bench/profiling.py)."""
+    out: list[str] = []
+    for phase, p in profiles.items():
+        procs = ", ".join(f"{r['command']} {r['cpu_s']:.2f} s" for r in p["cpu_by_process"][:6])
+        out += ["", f"**Where the CPU went: {phase.replace('_', ' ')}** ({p['wall_s']:.2f} s "
+                f"wall on {p['cpus']} CPUs = {p['wall_s'] * p['cpus']:.2f} CPU-s; used "
+                f"{p['cpu_total_s']:.2f} CPU-s): {procs}."]
+        spy = p.get("py_spy")
+        if not spy or not spy["samples"]:
+            continue
+        areas = ", ".join(f"{a['area']} {a['share']:.0%}" for a in spy["by_area"][:8])
+        out += ["", f"Operator, py-spy ({spy['samples']} samples at {spy['rate_hz']} Hz = "
+                f"{spy['cpu_s']:.2f} s on a CPU), by library (self): {areas}.", "",
+                "| function (inclusive) | file | share |", "|---|---|---|"]
+        out += [f"| `{r['function']}` | {r['file']} | {r['share']:.0%} |"
+                for r in spy["inclusive"][:12]]
+        out += ["", "| function (self) | file | share |", "|---|---|---|"]
+        out += [f"| `{r['function']}` | {r['file']} | {r['share']:.0%} |"
+                for r in spy["self"][:10]]
+    return out
+
+
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [
@@ -86,6 +109,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"({big['answer']}); {during.get('n', 0)} single alerts sent while it was in "
                 f"flight: p99 {during.get('p99', 0) * 1000:.0f} ms to their patch | "
                 f"{'yes' if ok else 'no'} (≤ 100 ms, as one at a time) |")
+        lines += _profiles(wh.get("profiles") or {})
     if ev:
         r = ev["rollback"]
         lines.append(
