@@ -130,7 +130,10 @@ def summarise(collapsed: str, rate: int, top: int = 15) -> dict[str, Any]:
             for a, n in self_area.most_common()
         ] if total else [],
         "self": rows(self_fn) if total else [],
-        "inclusive": rows(incl_fn) if total else [],
+        # inclusive: our own functions only (the event loop and runpy are on every stack)
+        "inclusive": rows(Counter({k: n for k, n in incl_fn.items()
+                                   if area_of(k[1]) in ("mtp_operator", "mtp_runtime")}))
+        if total else [],
     }
 
 
@@ -165,7 +168,7 @@ class PhaseProfile:
             self.raw_path.parent.mkdir(parents=True, exist_ok=True)
             self._spy = subprocess.Popen(
                 [exe, "record", "--pid", str(self.pid), "--format", "raw", "--rate",
-                 str(self.rate), "--nonblocking", "-o", str(self.raw_path)],
+                 str(self.rate), "--nonblocking", "--full-filenames", "-o", str(self.raw_path)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             )
             time.sleep(0.5)  # attached before the phase starts
@@ -175,6 +178,11 @@ class PhaseProfile:
     def __exit__(self, *exc: object) -> None:
         wall = time.monotonic() - self._t0
         cpu = cpu_delta(self._cpu0, process_cpu())
+        for row in cpu:
+            if row["pid"] == self.pid:
+                row["command"] = f"{row['command']} (profiled)"
+            elif row["pid"] == os.getpid():
+                row["command"] = f"{row['command']} (this bench)"
         self.result = {"wall_s": round(wall, 3), "cpu_by_process": cpu[:TOP_PROCESSES],
                        "cpu_total_s": round(sum(r["cpu_s"] for r in cpu), 3),
                        "cpus": os.cpu_count()}

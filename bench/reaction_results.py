@@ -36,7 +36,7 @@ def _profiles(profiles: dict[str, Any]) -> list[str]:
         areas = ", ".join(f"{a['area']} {a['share']:.0%}" for a in spy["by_area"][:8])
         out += ["", f"Operator, py-spy ({spy['samples']} samples at {spy['rate_hz']} Hz = "
                 f"{spy['cpu_s']:.2f} s on a CPU), by library (self): {areas}.", "",
-                "| function (inclusive) | file | share |", "|---|---|---|"]
+                "| our function (inclusive) | file | share |", "|---|---|---|"]
         out += [f"| `{r['function']}` | {r['file']} | {r['share']:.0%} |"
                 for r in spy["inclusive"][:12]]
         out += ["", "| function (self) | file | share |", "|---|---|---|"]

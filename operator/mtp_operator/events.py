@@ -7,7 +7,7 @@ announced with its condition reason (`InvalidSpec`, `NoFittingNodes`) and the pr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from mtp_operator.api.v1alpha1 import RollbackRecord
 from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
@@ -54,4 +54,16 @@ def speculation_rolled_back(record: RollbackRecord) -> str:
     return (
         f"pool {record.gpu_product}: K {record.from_k} -> {record.to_k} ({record.reason},"
         f" via {record.via})"
+    )
+
+
+def speculation_rolled_back_steps(records: Sequence[RollbackRecord]) -> str:
+    """One Event for the steps one pass took on one pool (a batch of alerts with no
+    cooldown steps K once per alert); status.rollbacks keeps every step."""
+    if len(records) == 1:
+        return speculation_rolled_back(records[0])
+    first, last = records[0], records[-1]
+    return (
+        f"pool {first.gpu_product}: K {first.from_k} -> {last.to_k} in {len(records)} steps"
+        f" (last: {last.reason}, via {last.via}; each step in status.rollbacks)"
     )

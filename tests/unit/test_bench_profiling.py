@@ -33,8 +33,8 @@ def test_self_inclusive_and_areas_are_counted_from_the_stacks():
     self_ = {r["function"]: r["samples"] for r in s["self"]}
     assert self_ == {"dumps": 6, "_pass": 3, "handle": 1}
     incl = {r["function"]: r["samples"] for r in s["inclusive"]}
-    # a function is counted once per stack, whichever lines of it are on it
-    assert incl["run"] == 10 and incl["_pass"] == 9 and incl["dumps"] == 6
+    # our functions only, each counted once per stack whichever of its lines are on it
+    assert incl == {"_pass": 9}
     assert next(r for r in s["self"] if r["function"] == "_pass")["file"] == (
         "mtp_operator/control/reconciler.py")
 

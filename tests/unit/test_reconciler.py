@@ -4,6 +4,7 @@ writes, or does not write, as the watch catches up."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from mtp_operator import builders
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
-from mtp_operator.naming import ANNOTATION_COMMAND
+from mtp_operator.naming import ANNOTATION_COMMAND, ANNOTATION_GPU_PRODUCT
 from mtp_operator.reconcile_plan import Applied, pass_status, plan_pass
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.status import ObservedPool
@@ -189,3 +190,71 @@ def test_desired_objects_are_the_builders_own(cluster) -> None:
         "res", "ml", "uid-res", spec, plan.pools, OperatorSettings().default_image, {}
     )
     assert rec._desired(KEY, "uid-res", spec, plan.pools) is objs  # reused while unchanged
+
+
+class _GatedKube(FakeKube):
+    """FakeKube whose Deployment writes wait until `gate` is set, noting how many were in
+    flight at once and where each Event fell among the calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.written = 0
+        self.written_at_events: list[int] = []
+
+    async def event(self, involved, reason, message, type_="Normal"):
+        self.written_at_events.append(self.written)
+        await super().event(involved, reason, message, type_)
+
+    async def apply(self, obj):
+        if obj["kind"] != "Deployment":
+            return await super().apply(obj)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await self.gate.wait()
+            out = await super().apply(obj)
+            self.written += 1
+            return out
+        finally:
+            self.in_flight -= 1
+
+
+async def test_the_pools_of_a_pass_are_written_at_once_and_their_events_follow() -> None:
+    kube = _GatedKube()
+    view = FakeView(nodes=[node("h1", H100), node("l1", L40S)])
+    view.add(mtpinference("res", SPEC))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    task = asyncio.create_task(rec.reconcile(KEY))
+    for _ in range(50):  # until both pools' writes wait at the gate
+        await asyncio.sleep(0)
+        if kube.in_flight == 2:
+            break
+    assert kube.in_flight == 2, "the second pool's write waited for the first's"
+    assert kube.events == [], "no Event before the writes are done"
+    kube.gate.set()
+    await task
+    assert kube.most_in_flight == 2
+    assert kube.written_at_events == [2, 2], "each Event after both pools were written"
+    assert kube.reasons() == ["PoolCreated", "PoolCreated"]
+
+
+async def test_one_failed_pool_write_does_not_stop_the_others(cluster) -> None:
+    kube, _view, rec = cluster
+    real_apply = kube.apply
+
+    async def apply(obj):
+        if obj["kind"] == "Deployment" and (
+                obj["metadata"]["annotations"][ANNOTATION_GPU_PRODUCT] == L40S):
+            raise api_error(500, "etcd is away")
+        return await real_apply(obj)
+
+    kube.apply = apply
+    with pytest.raises(TransientReconcileError):
+        await rec.reconcile(KEY)
+    assert set(kube.deployments()) == {H100}
+    assert kube.reasons() == ["PoolCreated"]  # the pool that was written
+    degraded = next(c for c in kube.statuses[KEY]["conditions"] if c["type"] == "Degraded")
+    assert degraded["message"] == "500: etcd is away"

@@ -93,6 +93,8 @@ async def test_a_firing_alert_steps_one_pool_down(serving) -> None:
     ]
     rolled = next(c for c in status["conditions"] if c["type"] == "SpeculationRolledBack")
     assert rolled["status"] == "True"
+    # one Event for the pool's change: the rollback's (no PoolUpdated beside it)
+    assert [e[1] for e in kube.events] == ["SpeculationRolledBack"]
     assert kube.events[-1][1:] == (
         "SpeculationRolledBack",
         f"pool {H100}: K 6 -> 5 (MTPHitRateLow 0.6 < 0.88: stepped K down 6->5, via alertmanager)",
@@ -133,7 +135,10 @@ async def test_with_no_cooldown_each_signal_of_a_batch_steps_from_the_one_before
     assert k_of(kube.deployments()[H100]) == 3
     steps = [(r["fromK"], r["toK"]) for r in kube.statuses[KEY]["rollbacks"]]
     assert steps == [(6, 5), (5, 4), (4, 3)]
-    assert [e[1] for e in kube.events].count("SpeculationRolledBack") == 3
+    # one Event for the pool, naming the whole step (status.rollbacks has each one)
+    rolled = [e for e in kube.events if e[1] == "SpeculationRolledBack"]
+    assert len(rolled) == 1
+    assert rolled[0][2].startswith(f"pool {H100}: K 6 -> 3 in 3 steps (last: ")
     assert kube.count("patch_status") == 1
     # at K=0 more alerts change nothing and record nothing
     view.deliver(kube, ready=True)

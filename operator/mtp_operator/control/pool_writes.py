@@ -6,9 +6,10 @@ per-resource slots remember what was applied until the watch shows it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lightkube import ApiError
@@ -71,9 +72,12 @@ class PoolWrites:
         plan: PassPlan,
         observed_bodies: Mapping[str, Mapping[str, Any]],
         previous: MTPInferenceStatus | None = None,
+        announced: frozenset[str] = frozenset(),
     ) -> Applied:
         """The I/O step: the Service if missing, each pool that drifted, the pools whose fate
-        is removal; retained pools are left as they run (reported, see _retained)."""
+        is removal; retained pools are left as they run (reported, see _retained). Pools in
+        `announced` (rolled back in this pass: their SpeculationRolledBack Event says why)
+        get no PoolUpdated Event besides."""
         hashes: dict[str, str] = {}
         try:
             slot = self.slot(key)
@@ -85,7 +89,7 @@ class PoolWrites:
                 slot.service_applied, slot.service_seen = time.monotonic(), False
             for obj, pool in zip(desired[1:], plan.pools, strict=True):
                 hashes[pool.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
-                await self._apply_pool(body, obj, pool, observed_bodies.get(pool.gpu_product))
+            await self._apply_pools(body, desired[1:], plan, observed_bodies, announced)
             await self._apply_canaries(key, body, plan)
             removed = await self._remove_pools(key, body, observed_bodies, plan)
             retained = await self._retained(key, body, previous, observed_bodies, plan)
@@ -183,17 +187,46 @@ class PoolWrites:
         if resource_version(out):
             self.slot(key).pools[plan.gpu_product] = out
 
+    async def _apply_pools(
+        self,
+        owner: Mapping[str, Any],
+        desired: Sequence[Mapping[str, Any]],
+        plan: PassPlan,
+        observed_bodies: Mapping[str, Mapping[str, Any]],
+        announced: frozenset[str] = frozenset(),
+    ) -> None:
+        """Every pool that drifted, written at once (the pools of one resource are
+        independent: a rollback of three pools waits for one round trip, not three), then
+        their Events, so no write waits behind an Event. The first failed write is raised
+        after the others' Events are posted."""
+        results = await asyncio.gather(
+            *(
+                self._apply_pool(owner, obj, pool, observed_bodies.get(pool.gpu_product))
+                for obj, pool in zip(desired, plan.pools, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        for pool, result in zip(plan.pools, results, strict=True):
+            if isinstance(result, tuple) and not (
+                result[0] == REASON_POOL_UPDATED and pool.gpu_product in announced
+            ):
+                await self.kube.event(owner, *result)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
     async def _apply_pool(
         self,
         owner: Mapping[str, Any],
         desired: Mapping[str, Any],
         plan: PoolPlan,
         observed: Mapping[str, Any] | None,
-    ) -> None:
+    ) -> tuple[str, str, str] | None:
+        """Write one pool if it drifted; returns the Event (reason, message, type) to post."""
         if observed is not None:
             changed = drifted_fields(desired, observed)
             if not changed:
-                return
+                return None
             ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
             theirs = (
                 (observed.get("metadata") or {})
@@ -204,16 +237,11 @@ class PoolWrites:
             rv = (observed.get("metadata") or {}).get("resourceVersion") if added else None
             await self._write_pool(owner, plan, desired, rv)
             if ours == theirs:
-                await self.kube.event(
-                    owner,
+                return (
                     REASON_MANUAL_CHANGE_REVERTED,
                     manual_change_reverted(plan.gpu_product, changed),
                     "Warning",
                 )
-            else:
-                await self.kube.event(owner, REASON_POOL_UPDATED, pool_updated(plan))
-            return
+            return REASON_POOL_UPDATED, pool_updated(plan), "Normal"
         await self._write_pool(owner, plan, desired)
-        await self.kube.event(
-            owner, REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"])
-        )
+        return REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"]), "Normal"

@@ -311,7 +311,10 @@ class Reconciler(PoolWrites):
             desired = self._desired(
                 key, meta.get("uid", ""), plan.spec, plan.pools, frozenset(plan.canaries)
             )
-            applied = await self.apply(key, body, desired, plan, observed_bodies, previous)
+            rolled = frozenset(d.state.gpu_product for d in decisions if d.record is not None)
+            applied = await self.apply(
+                key, body, desired, plan, observed_bodies, previous, announced=rolled
+            )
         elif plan.fates:  # nothing fits, but pools of products gone for good still go
             applied = Applied(removed=await self._remove_pools(key, body, observed_bodies, plan))
         if applied.settings_hashes and self.slot(key).pools:

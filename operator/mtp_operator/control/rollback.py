@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.control.ports import ClusterView, Key, Kube
 from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
-from mtp_operator.events import REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back
+from mtp_operator.events import REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back_steps
 from mtp_operator.naming import label_value
 from mtp_operator.planning import PlanError, plan_pool
 from mtp_operator.rollback.policy import Decision, PoolRollbackState, decide
@@ -128,10 +128,15 @@ class RollbackActions:
                         w.done.set_exception(failed)
                     else:
                         w.done.set_result(None)
-        # Events after the lock: the next alert for this resource need not wait for them
+        # Events after the lock: the next alert for this resource need not wait for them.
+        # One per pool rolled back: a pass that stepped a pool several times says so once.
+        by_pool: dict[str, list] = defaultdict(list)
         for rec in records:
+            by_pool[rec.gpu_product].append(rec)
+        for steps in by_pool.values():
             await self.kube.event(
-                body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back(rec), "Warning"
+                body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back_steps(steps),
+                "Warning",
             )
         await me.done  # raises what the pass that took these signals raised
 
