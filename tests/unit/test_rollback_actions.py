@@ -206,3 +206,31 @@ async def test_nothing_happens_before_the_first_listing(serving) -> None:
     with pytest.raises(NotReady):
         await actions.apply_signals([low_hit_rate()])
     assert kube.calls == []
+
+
+async def test_requests_arriving_together_share_one_pass(serving) -> None:
+    # nothing holds the lock: the first request waits a few ms for the ones arriving with it
+    # (a burst, one alert per pool), and one pass decides and writes them all
+    import asyncio
+
+    kube, _view, actions, _clock = serving
+    first = asyncio.create_task(actions.apply_signals([low_hit_rate(H100)]))
+    await asyncio.sleep(0.001)  # the second arrives a millisecond later
+    second = asyncio.create_task(actions.apply_signals([low_hit_rate(L40S)]))
+    a, b = await asyncio.gather(first, second)
+    assert (a.rolled_back, b.rolled_back) == (1, 1)
+    assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 5, L40S: 1}
+    assert kube.count("patch_status") == 1  # one pass for both requests
+
+
+async def test_a_lone_request_waits_only_for_the_quiet_time(serving) -> None:
+    import asyncio
+
+    from mtp_operator.control.rollback import BATCH_GATHER_SECONDS
+
+    kube, _view, actions, _clock = serving
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    outcome = await actions.apply_signals([low_hit_rate(H100)])
+    assert outcome.rolled_back == 1 and k_of(kube.deployments()[H100]) == 5
+    assert loop.time() - t0 < BATCH_GATHER_SECONDS  # it did not wait for the cap

@@ -34,6 +34,11 @@ from mtp_operator.validation import spec_problems
 
 log = logging.getLogger(__name__)
 
+# A pass waits for requests still arriving for its resource: until BATCH_QUIET_SECONDS bring
+# none, at most BATCH_GATHER_SECONDS (bench/reaction.py: a burst of 100 alerts at once).
+BATCH_QUIET_SECONDS = 0.003
+BATCH_GATHER_SECONDS = 0.02
+
 
 class NotReady(RuntimeError):
     """The operator has not finished its first listing of the cluster; try again shortly."""
@@ -113,6 +118,7 @@ class RollbackActions:
         failed: TransientReconcileError | None = None
         async with self.reconciler.slot(key).lock:
             if not me.done.done():  # no earlier holder of the lock took these signals
+                await self._let_arrivals_join(key)
                 batch = self._waiting.pop(key, [])
                 try:
                     body, records, failed = await self._one_pass(key, batch, received)
@@ -139,6 +145,22 @@ class RollbackActions:
                 "Warning",
             )
         await me.done  # raises what the pass that took these signals raised
+
+    async def _let_arrivals_join(self, key: Key) -> None:
+        """Before a pass takes its batch: wait while requests for this resource keep joining
+        it (a burst of alerts for its pools arrives within milliseconds): until
+        BATCH_QUIET_SECONDS pass with none, for at most BATCH_GATHER_SECONDS. A lone alert
+        waits BATCH_QUIET_SECONDS; a burst of one alert per pool is decided and written in
+        one pass instead of two (the second waiting for the first's writes)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + BATCH_GATHER_SECONDS
+        seen = len(self._waiting.get(key, ()))
+        while loop.time() < deadline:
+            await asyncio.sleep(BATCH_QUIET_SECONDS)
+            now = len(self._waiting.get(key, ()))
+            if now == seen:
+                return
+            seen = now
 
     async def _one_pass(
         self, key: Key, batch: list[_Waiting], received: float
