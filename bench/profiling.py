@@ -151,24 +151,33 @@ def py_spy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
+SPY_RATE = 200  # samples a second
+
+
+def spy_command(raw_path: Path, rate: int = SPY_RATE) -> list[str]:
+    """`py-spy record` writing raw (collapsed) stacks to `raw_path`; add `--pid N`, or `--`
+    and a command to start under it."""
+    exe = py_spy()
+    if exe is None:
+        raise SystemExit("--profile needs py-spy: pip install py-spy (make bench installs it)")
+    raw_path.parent.mkdir(parents=True, exist_ok=True)
+    return [exe, "record", "--format", "raw", "--rate", str(rate), "--nonblocking",
+            "--full-filenames", "-o", str(raw_path)]
+
+
 class PhaseProfile:
     """`with PhaseProfile(pid, raw_path) as p: ...` then `p.result`: the window's CPU by
     process and, when py-spy is there (and `raw_path` given), the profile of `pid`."""
 
-    def __init__(self, pid: int, raw_path: Path | None = None, rate: int = 200) -> None:
+    def __init__(self, pid: int, raw_path: Path | None = None, rate: int = SPY_RATE) -> None:
         self.pid, self.raw_path, self.rate = pid, raw_path, rate
         self.result: dict[str, Any] = {}
         self._spy: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> PhaseProfile:
-        exe = py_spy() if self.raw_path else None
-        if self.raw_path and exe is None:
-            raise SystemExit("--profile needs py-spy: pip install py-spy")
-        if exe and self.raw_path:
-            self.raw_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.raw_path is not None:
             self._spy = subprocess.Popen(
-                [exe, "record", "--pid", str(self.pid), "--format", "raw", "--rate",
-                 str(self.rate), "--nonblocking", "--full-filenames", "-o", str(self.raw_path)],
+                [*spy_command(self.raw_path, self.rate), "--pid", str(self.pid)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             )
             time.sleep(0.5)  # attached before the phase starts

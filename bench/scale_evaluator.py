@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from profiling import SPY_RATE, spy_command, summarise
 from scale_common import REPO, log
 from scale_eval_results import write_results
 
@@ -59,6 +60,7 @@ class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="mtp-bench-eval-"))
+        self.profiles = 0
         self.rollback = {"windowSeconds": args.window, "forSeconds": 0, "minDrafts": 20,
                          "minHitRate": 0.88, "maxErrorPropagationRate": 1.0}  # fmt: skip
 
@@ -101,9 +103,19 @@ class Run:
                "max_seconds": (self.args.rounds + 2) * self.args.interval, **extra}  # fmt: skip
         path, out = self.work / f"{mode}.json", self.work / f"{mode}-out.json"
         path.write_text(json.dumps(cfg))
-        subprocess.run([sys.executable, str(BENCH / "scale_eval_worker.py"), mode, "--config",
-                        str(path), "--out", str(out)], check=True, timeout=1800)  # fmt: skip
-        return json.loads(out.read_text())
+        cmd = [sys.executable, str(BENCH / "scale_eval_worker.py"), mode, "--config",
+               str(path), "--out", str(out)]  # fmt: skip
+        raw_profile = None
+        if self.args.profile and mode == "evaluator":  # py-spy starts the worker and samples it
+            self.profiles += 1
+            raw_profile = self.args.profile / f"evaluator-{self.profiles}.collapsed"
+            cmd = [*spy_command(raw_profile), "--", *cmd]
+        subprocess.run(cmd, check=True, timeout=1800)
+        result = json.loads(out.read_text())
+        if raw_profile is not None:
+            result["py_spy"] = summarise(raw_profile.read_text(), SPY_RATE)
+            (raw_profile.with_suffix(".json")).write_text(json.dumps(result["py_spy"], indent=1))
+        return result
 
     def phase(self, mode: str, pods: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         log(f"{mode}: {len(pods)} pods, interval {self.args.interval:.0f}s")
@@ -205,6 +217,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE)
     p.add_argument("--modes", nargs="+", choices=("full", "names"), default=["full"])
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                   help="run each evaluator phase under py-spy: raw stacks and a summary "
+                   "(evaluator-N.json) in DIR, the summary also in evaluator.json")
     p.add_argument("--rewrite", action="store_true", help="only rewrite evaluator.md")
     return p.parse_args(argv)
 
