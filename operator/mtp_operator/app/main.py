@@ -153,7 +153,7 @@ async def run(opts: RunOptions) -> int:
         logging.getLogger(name).addFilter(_NotFoundWithoutTraceback())
     # HTTP/2: every request shares one connection to the API server. Over HTTP/1.1 a burst
     # of writes (100 alerts at once) opened a TLS connection per request beyond the pool's
-    # keep-alive ones, and the handshakes cost CPU on both ends (bench/results/reaction.md).
+    # keep-alive ones, and the handshakes cost CPU on both ends (bench/results/profiles/).
     client = AsyncClient(field_manager="mtp-operator", http2=True)
     kube = KubeClient(client)
     view = handlers.KopfView()
