@@ -35,18 +35,23 @@ from datetime import datetime
 
 import pytest
 
+from mtp_operator.builders import STARTUP_BUDGET_S
 from support.cluster_fixtures import wait_for
 from support.mtpi import H100, apply, deployments, events, pool, resource, wait_ready
 from support.pool_fakes import deployment_k
 from support.real_pool import RealPool
 from support.real_traffic import PerEngineTraffic
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = pytest.mark.timeout(3600)
 
 NAME = "tunereal"
 WINDOW = 15  # observationSeconds (a scrape must land within 5 % of each end)
 MIN_GAIN = 0.05
-START_TIMEOUT = 900  # an engine start: 20-40 s on idle cores, minutes on a busy machine
+# An engine start: 20-40 s on idle cores; the canary's starts beside a K=1 replica that the
+# traffic keeps busy on both cores, and took 304 s alone and over 900 s in a fresh-clone run
+# (its EngineCore child got ~3 % of a CPU while importing torch). The test allows what the pool
+# pod's own startup probe allows (builders.STARTUP_BUDGET_S), and the tuner waits as long.
+START_TIMEOUT = STARTUP_BUDGET_S
 STAY_WINDOWS = 4
 
 
