@@ -48,20 +48,25 @@ AREAS: tuple[tuple[str, str], ...] = (
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 
 
+def stat_cpu(pid: int | str) -> tuple[str, float] | None:
+    """(command name, CPU seconds so far: utime + stime) of one process from /proc/<pid>/stat;
+    None when it cannot be read (gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ..." ; comm may hold spaces and parentheses
+    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return comm, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def process_cpu() -> dict[int, tuple[str, float]]:
     """pid -> (command name, CPU seconds so far) for every process that can be read."""
     out: dict[int, tuple[str, float]] = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ..." ; comm may hold spaces and parentheses
-        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2 :].split()
-        out[int(entry.name)] = (comm, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
+        if entry.name.isdigit() and (got := stat_cpu(entry.name)) is not None:
+            out[int(entry.name)] = got
     return out
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from profiling import stat_cpu
 from scale_common import AUDIT_WRITE_VERBS, LABEL, SAMPLE, WRITE_VERBS
 
 if TYPE_CHECKING:
@@ -123,13 +124,8 @@ def rollout_writes(
 
 
 def cpu_seconds(pid: int | None) -> float:
-    if not pid:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    got = stat_cpu(pid) if pid else None
+    return got[1] if got else 0.0
 
 
 def machine_busy_seconds() -> float:
