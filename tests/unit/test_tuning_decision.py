@@ -268,7 +268,7 @@ def test_one_slow_window_does_not_return_a_better_k():
     p3, p1 = policy(range(5)), policy(range(5), trial_windows=1)
     assert p3.trial_windows == 3  # the default
     # judged on its second window alone, the trial would go back
-    d = decide(p1, 1, _trial(4, 1), [], table[:4], Guard(), at[1], 2)
+    d = decide(p1, 1, _trial(4, 1), [], table[2:4], Guard(), at[1], 2)
     assert d.action == "return", d
     d = decide(p3, 1, _trial(4, 1), [], table[:2], Guard(), at[0], 2)
     assert d.action == "hold" and "1 of 3 windows" in d.reason
@@ -349,6 +349,98 @@ def test_whole_pool_trial_with_one_incumbent_window_is_judged_on_time():
                T0 + timedelta(seconds=3 * SPAN), 1)
     gain = DEEP_WINS.true_tps(4) / DEEP_WINS.true_tps(1) - 1
     assert d.action == "adopt" and f"median {gain * 100:+.1f} % over 3 windows" in d.reason
+
+# ---- a trial whose windows disagree goes on (rule 4, not clear yet) ------------------------
+
+def _canary_ratios(sim, k, from_k, ratios):
+    """Canary windows whose ratio to the incumbent is exactly `ratios[i]` in window i: the
+    canary's step cost is scaled so that its true ratio becomes the given one."""
+    true = sim.true_tps(k) / sim.true_tps(from_k)
+    return _canary_windows(sim, k, from_k, [true / r for r in ratios])
+
+
+def _median_se(ratios):
+    # first principles: median, its median absolute deviation, SE = 1.2533/0.6745 MAD/sqrt(n)
+    s = sorted(ratios)
+    n = len(s)
+    med = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+    d = sorted(abs(r - med) for r in s)
+    mad = d[n // 2] if n % 2 else (d[n // 2 - 1] + d[n // 2]) / 2
+    return med, 1.2533 / 0.6745 * mad / n ** 0.5
+
+
+def test_windows_that_straddle_min_gain_extend_the_trial_and_a_better_k_is_adopted():
+    # the real engines' case: a K 10 % ahead whose first three windows gave +25.2, +2.5, -5.9 %
+    first = [0.941, 1.252, 1.025]
+    med, se = _median_se(first)
+    assert med < 1.05 and abs(med - 1.05) < se  # three windows alone would return it
+    more = [1.11, 1.09, 1.13]
+    table = _canary_ratios(DEEP_WINS, 4, 1, first + more)
+    p = policy(range(5))
+    at = [T0 + timedelta(seconds=(i + 1) * SPAN) for i in range(6)]
+    d = decide(p, 1, _trial(4, 1), [], table[:6], Guard(), at[2], 2)
+    assert d.action == "hold" and "not clear of minGain" in d.reason, d
+    assert "over 3 windows" in d.reason and "up to 6 windows" in d.reason
+    d = decide(p, 1, _trial(4, 1), [], table[:8], Guard(), at[3], 2)
+    med4, se4 = _median_se(first + more[:1])
+    assert (d.action == "hold") == (abs(med4 - 1.05) < se4), (d, med4, se4)
+    # however late the tuner looks, the verdict is on the trial's first windows, never on a
+    # later run of three that happens to agree (the last three here would adopt alone)
+    med_last, se_last = _median_se(more)
+    assert abs(med_last - 1.05) >= se_last
+    d = decide(p, 1, _trial(4, 1), [], table, Guard(), at[5], 2)
+    med6, _ = _median_se(first + more)
+    assert d.action == "adopt" and d.k == 4, d
+    assert f"median {(med6 - 1) * 100:+.1f} % over 6 windows" in d.reason, d.reason
+
+
+def test_a_clear_median_is_judged_at_trial_windows_without_extension():
+    # +5.8, +8.1, +5.6 %: close to minGain but the windows agree (run 3's predictable trial)
+    rs = [1.058, 1.081, 1.056]
+    med, se = _median_se(rs)
+    assert abs(med - 1.05) >= se
+    table = _canary_ratios(DEEP_WINS, 4, 1, rs)
+    d = decide(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
+               T0 + timedelta(seconds=3 * SPAN), 2)
+    assert d.action == "adopt" and "over 3 windows" in d.reason, d
+
+
+def test_an_unclear_trial_is_judged_at_twice_trial_windows():
+    # windows that keep disagreeing: judged on all six, on their median
+    rs = [1.20, 0.92, 1.04, 1.18, 0.93, 1.05]
+    for n in range(3, 6):
+        med, se = _median_se(rs[:n])
+        assert abs(med - 1.05) < se, n
+    table = _canary_ratios(DEEP_WINS, 4, 1, rs)
+    p = policy(range(5))
+    for n in range(3, 6):
+        d = decide(p, 1, _trial(4, 1), [], table[:2 * n], Guard(),
+                   T0 + timedelta(seconds=n * SPAN), 2)
+        assert d.action == "hold", (n, d)
+    d = decide(p, 1, _trial(4, 1), [], table, Guard(), T0 + timedelta(seconds=6 * SPAN), 2)
+    med, _ = _median_se(rs)  # (1.04 + 1.05) / 2: below minGain
+    assert d.action == "return" and f"median {(med - 1) * 100:+.1f} % over 6" in d.reason, d
+
+
+def test_an_unclear_trial_short_of_windows_at_the_longer_time_out_is_judged():
+    rs = [1.20, 0.92, 1.04, 1.18]
+    table = _canary_ratios(DEEP_WINS, 4, 1, rs)
+    p = policy(range(5))
+    # time-out of an extended trial: TRIAL_TIMEOUT_WINDOWS + 6 - 1 = 8 windows after the start
+    d = decide(p, 1, _trial(4, 1), [], table, Guard(), T0 + timedelta(seconds=8 * SPAN - 1), 2)
+    assert d.action == "hold" and "not clear" in d.reason, d
+    d = decide(p, 1, _trial(4, 1), [], table, Guard(), T0 + timedelta(seconds=8 * SPAN + 1), 2)
+    med, _ = _median_se(rs)
+    assert d.action == "adopt" and f"median {(med - 1) * 100:+.1f} % over 4" in d.reason, d
+
+
+def test_median_and_error_matches_first_principles():
+    from mtp_operator.tuning.decision import median_and_error
+
+    for rs in ([1.0], [1.0, 1.2], [0.941, 1.252, 1.025], [1.2, 0.92, 1.04, 1.18, 0.93, 1.05]):
+        med, se = median_and_error(rs)
+        want = _median_se(rs) if len(rs) > 1 else (rs[0], 0.0)
+        assert med == pytest.approx(want[0]) and se == pytest.approx(want[1]), rs
 
 # ---- K = 0 is blind to traffic (rule 2) ---------------------------------------------------
 

@@ -67,7 +67,9 @@ class TuningSpec(_Model):
         le=12,
         description="A trial is judged on this many windows at its K: the median of its ratios "
         "to the incumbent over the same windows (canary) or to the incumbent's windows before "
-        "the trial (whole pool) must reach minGain. More windows: slower trials, less noise.",
+        "the trial (whole pool) must reach minGain. Where the windows disagree (the median "
+        "lies within its own standard error of minGain) the trial goes on, up to twice this "
+        "many windows. More windows: slower trials, less noise.",
     )
     revisit_seconds: int = Field(
         DEFAULT_REVISIT_SECONDS,
