@@ -40,6 +40,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.error
 from pathlib import Path
@@ -294,15 +295,20 @@ class RealNode:
             return
         # streamed: an archive on disk would take the image's size again (6.7 GB for the CPU
         # runtime) while containerd writes its own copy
-        save = subprocess.Popen(["podman", "save", "--format", "docker-archive", ref],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            imported = run(["ctr", "--address", str(self.socket), "-n", NAMESPACE, "images",
-                            "import", "-"], timeout=1800, check=False, stdin=save.stdout)
-        finally:
-            save.stdout.close()  # type: ignore[union-attr]
-            saved_err = save.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
-            save.wait(60)
+        # podman's stderr goes to a file: a pipe read only after the import could fill up
+        # (64 KiB) and stall podman halfway through the archive
+        with tempfile.TemporaryFile() as err:
+            save = subprocess.Popen(["podman", "save", "--format", "docker-archive", ref],
+                                    stdout=subprocess.PIPE, stderr=err)
+            try:
+                imported = run(["ctr", "--address", str(self.socket), "-n", NAMESPACE,
+                                "images", "import", "-"], timeout=1800, check=False,
+                               stdin=save.stdout)
+            finally:
+                save.stdout.close()  # type: ignore[union-attr]
+                save.wait(60)
+                err.seek(0)
+                saved_err = err.read().decode(errors="replace")
         if save.returncode or imported.returncode:
             raise RealNodeError(f"podman save {ref} | ctr images import - exited "
                                 f"{save.returncode}/{imported.returncode}: "

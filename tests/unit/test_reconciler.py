@@ -258,3 +258,26 @@ async def test_one_failed_pool_write_does_not_stop_the_others(cluster) -> None:
     assert kube.reasons() == ["PoolCreated"]  # the pool that was written
     degraded = next(c for c in kube.statuses[KEY]["conditions"] if c["type"] == "Degraded")
     assert degraded["message"] == "500: etcd is away"
+
+
+def test_current_status_reads_a_watched_status_once_per_object(cluster, monkeypatch) -> None:
+    # the evaluator and the tuner ask for every resource's status each round; the watched
+    # body's status is validated once per object the watch delivered, not once per ask
+    import mtp_operator.control.reconciler as rec
+
+    _, _, reconciler = cluster
+    calls: list[Any] = []
+    real = rec.read_status
+    monkeypatch.setattr(rec, "read_status", lambda raw: calls.append(raw) or real(raw))
+    status = {"phase": "Ready", "ready": "1/1", "poolsSummary": "H100:6"}
+    body = {"metadata": {"resourceVersion": "7"}, "status": status}
+    first = reconciler.current_status(KEY, body)
+    again = reconciler.current_status(KEY, {**body})  # a new body, the same status object
+    assert first is again and len(calls) == 1
+    assert (first.phase, first.ready, first.pools_summary) == ("Ready", "1/1", "H100:6")
+    # the watch brings a new status object (even with the same content): read afresh
+    changed = {"metadata": {"resourceVersion": "8"},
+               "status": {**status, "phase": "Progressing"}}
+    assert reconciler.current_status(KEY, changed).phase == "Progressing" and len(calls) == 2
+    reconciler.forget(KEY)
+    assert reconciler.current_status(KEY, changed).phase == "Progressing" and len(calls) == 3

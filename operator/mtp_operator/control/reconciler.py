@@ -76,6 +76,10 @@ class _Slot:
     # resourceVersion of each pool Deployment the last pass saw: a watch event with the same
     # one brings nothing new (at start-up every pool's ADDED event would be a pass each)
     seen_pools: dict[str, int] = field(default_factory=dict)
+    # the watched body's status object and its typed reading: the evaluator and the tuner ask
+    # for every resource's status each round, and a watch event brings a new object each
+    # time (the models are frozen, so the reading can be shared)
+    read_memo: tuple[Any, MTPInferenceStatus] | None = None
 
 
 # A status change that only reports progress (replica counts, messages, a rollout's
@@ -229,7 +233,12 @@ class Reconciler(PoolWrites):
         slot = self.slot(key)
         if slot.status is not None and slot.status_rv > resource_version(body):
             return slot.status
-        return read_status(body.get("status"))
+        raw = body.get("status")
+        memo = slot.read_memo
+        if memo is None or memo[0] is not raw:
+            memo = (raw, read_status(raw))
+            slot.read_memo = memo
+        return memo[1]
 
     async def _write_status(
         self, key: Key, old: MTPInferenceStatus, new: MTPInferenceStatus
