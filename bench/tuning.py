@@ -56,7 +56,13 @@ import traffic  # noqa: E402  (tests/engine/traffic.py)
 
 from mtp_operator.api.tuning import DEFAULT_TRIAL_WINDOWS  # noqa: E402
 from mtp_operator.tuning.counters import pod_sample, window_counters  # noqa: E402
-from mtp_operator.tuning.decision import Guard, Policy, Trial, decide  # noqa: E402
+from mtp_operator.tuning.decision import (  # noqa: E402
+    TRIAL_EXTEND_FACTOR,
+    Guard,
+    Policy,
+    Trial,
+    decide,
+)
 from mtp_operator.tuning.estimator import Measurement, measure  # noqa: E402
 from mtp_runtime.gpu_profiles import DEFAULT_K  # noqa: E402
 from support.engine import SERVED_NAME, RealEngine, engine_paths  # noqa: E402
@@ -394,7 +400,10 @@ def markdown(res: dict[str, Any]) -> str:
         "its load moves absolute tokens/s by several times between minutes): the sweep runs "
         f"each K beside the profile table's K={res['profile_k']}; the tuner's trials are "
         "canaries beside the pool's K, each judged on the median ratio of "
-        f"{st.get('trial_windows', 1)} windows (trialWindows).", "",
+        f"{st.get('trial_windows', 1)} windows (trialWindows)"
+        + (f", or of up to {st['trial_windows'] * st['trial_extend_factor']} where those "
+           "disagree about minGain (the median within its standard error of it)."
+           if st.get("trial_extend_factor") else "."), "",
         f"| traffic | best K (x K={res['profile_k']}) | profile K={res['profile_k']}: share | "
         f"tuner's K: share | trials | stayed {st['stay']} windows | pass |",
         "|---|---|---|---|---|---|---|",
@@ -494,6 +503,7 @@ def main() -> int:
                      "window_s": args.window, "warmup_s": args.warmup, "rounds": args.rounds,
                      "stay": args.stay, "min_gain": args.min_gain, "replicas": 2,
                      "revisit_windows": revisit, "trial_windows": trial_windows,
+                     "trial_extend_factor": TRIAL_EXTEND_FACTOR,
                      "worker_core_per_replica": not args.no_pin},
         "candidates": candidates, "profile_k": ref, "classes": {},
     }
