@@ -36,9 +36,6 @@ from mtp_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
-# On exit: how long the Events of rollbacks already made may still take to be sent.
-EVENTS_ON_EXIT_SECONDS = 5.0
-
 
 @dataclass
 class RunOptions:
@@ -251,7 +248,4 @@ async def run(opts: RunOptions) -> int:
                 await task
         for runner in runners:
             await runner.cleanup()
-        # the Events of rollbacks already written and answered (RollbackActions._announce)
-        if not await actions.announced(seconds=EVENTS_ON_EXIT_SECONDS):
-            log.warning("exiting with rollback Events not sent")
         await client.close()

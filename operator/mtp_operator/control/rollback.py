@@ -5,12 +5,10 @@ for each signal it finds the pool and asks `policy.decide`; the decisions are va
 to one reconcile pass of the resource, which folds them into the status (pin, history, alert
 times; `rollback.state.with_decisions`), rolls exactly the affected pools' Deployments to the
 new K and writes the status once (the reconciler is the one status writer). Then each
-rollback is counted and announced with an Event: after the answer, one Event write in flight
-at a time (`RollbackActions.announced` waits for them), so that in a burst the Events do not
-compete with the writes of the pools still waiting for theirs. It runs under the resource's
-reconcile lock, so a rollback and a reconcile never interleave; requests for one resource
-that arrive while its lock is held are decided and written together by the first to get it
-(a burst of alerts for one resource's pools costs one pass, not one each).
+rollback is announced with an Event and counted. It runs under the resource's reconcile
+lock, so a rollback and a reconcile never interleave; requests for one resource that arrive
+while its lock is held are decided and written together by the first to get it (a burst of
+alerts for one resource's pools costs one pass, not one each).
 """
 
 from __future__ import annotations
@@ -75,9 +73,6 @@ class RollbackActions:
         self.reconciler = reconciler
         self.clock = clock
         self._waiting: dict[Key, list[_Waiting]] = defaultdict(list)
-        # Events still to send (see _announce); one Event write in flight at a time
-        self._announcing: set[asyncio.Task[None]] = set()
-        self._event_slot = asyncio.Lock()
 
     async def apply_signals(self, signals: Iterable[AlertSignal]) -> Outcome:
         if not getattr(self.view, "ready", True):
@@ -139,49 +134,17 @@ class RollbackActions:
                         w.done.set_exception(failed)
                     else:
                         w.done.set_result(None)
-        if body is not None and records:
-            self._announce(body, records)
-        await me.done  # raises what the pass that took these signals raised
-
-    def _announce(self, body: dict, records: list) -> None:
-        """The pass's Events, one per pool rolled back (a pass that stepped a pool several
-        times says so once), sent after the answer and after the lock: the next alert for
-        this resource need not wait for them, and with one Event write in flight at a time a
-        burst's Events queue behind its pool writes instead of sharing the API server with
-        them (bench/reaction.py's burst: 100 Events beside 100 pool patches)."""
+        # Events after the lock: the next alert for this resource need not wait for them.
+        # One per pool rolled back: a pass that stepped a pool several times says so once.
         by_pool: dict[str, list] = defaultdict(list)
         for rec in records:
             by_pool[rec.gpu_product].append(rec)
-
-        async def send() -> None:
-            for steps in by_pool.values():
-                async with self._event_slot:
-                    await self.kube.event(
-                        body, REASON_SPECULATION_ROLLED_BACK,
-                        speculation_rolled_back_steps(steps), "Warning",
-                    )
-
-        task = asyncio.get_running_loop().create_task(send())
-        self._announcing.add(task)
-        task.add_done_callback(self._sent)
-
-    def _sent(self, task: asyncio.Task[None]) -> None:
-        self._announcing.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            # kube.event logs and swallows API errors; anything else is a bug worth a line
-            log.error("rollback Event not sent: %r", task.exception())
-
-    async def announced(self, seconds: float | None = None) -> bool:
-        """Wait until the Events of every rollback so far are sent (for at most `seconds`);
-        True when none is left. Tests call it; the operator on shutdown."""
-        loop = asyncio.get_running_loop()
-        deadline = None if seconds is None else loop.time() + seconds
-        while self._announcing:
-            left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                return False
-            await asyncio.wait(set(self._announcing), timeout=left)
-        return True
+        for steps in by_pool.values():
+            await self.kube.event(
+                body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back_steps(steps),
+                "Warning",
+            )
+        await me.done  # raises what the pass that took these signals raised
 
     async def _let_arrivals_join(self, key: Key) -> None:
         """Before a pass takes its batch: wait while requests for this resource keep joining
