@@ -30,7 +30,7 @@ measured.
 
     python bench/tuning.py                           # both classes, ~40 min on 2 busy CPUs
     python bench/tuning.py --classes predictable --candidates 1,3 --window 6   # a quick try
-    python bench/tuning.py --rounds unpredictable=12,predictable=3   # more rounds where Ks are close
+    python bench/tuning.py --rounds unpredictable=12,predictable=3   # more where Ks are close
 """
 
 from __future__ import annotations
