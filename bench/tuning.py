@@ -332,13 +332,12 @@ def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows:
 
 
 def switch_only(b: Bench, classes: list[str], candidates: list[int], ref: int, args: Any,
-                policy: Policy, res: dict[str, Any], out: Path) -> int:
+                rounds: dict[str, int], policy: Policy, res: dict[str, Any], out: Path) -> int:
     """The traffic switch alone (--switch-from K): the pool runs K under the last class's
     traffic with the windows a tuner would have measured there (one canary window at the
     deepest and one at the shallowest other candidate >= 1, set up, not decided), then the
     traffic becomes the first class's and the tuner carries on with that table."""
     to_cls, from_cls, start = classes[0], classes[-1], args.switch_from
-    rounds = parse_rounds(args.rounds, classes)
     pool = Pool(b, (ref, ref), to_cls)
     try:
         print(f"sweep {to_cls}", flush=True)
@@ -456,11 +455,15 @@ def write(res: dict[str, Any], out: Path) -> None:
     out.with_suffix(".md").write_text(markdown(res))
 
 
+DEFAULT_ROUNDS = 3  # sweep windows per K and class
+
+
 def parse_rounds(text: str, classes: list[str]) -> dict[str, int]:
-    """--rounds: "N" for every class, or "class=N,..." (classes not named get 3)."""
+    """--rounds: "N" for every class, or "class=N,..." (classes not named get
+    DEFAULT_ROUNDS)."""
     if "=" not in text:
         return {cls: int(text) for cls in classes}
-    out = dict.fromkeys(classes, 3)
+    out = dict.fromkeys(classes, DEFAULT_ROUNDS)
     for part in text.split(","):
         cls, _, n = part.partition("=")
         if cls not in classes:
@@ -479,9 +482,10 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=traffic.DEFAULT_MAX_TOKENS)
     ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=4.0)
-    ap.add_argument("--rounds", default="3", metavar="N|CLASS=N,...",
+    ap.add_argument("--rounds", default=str(DEFAULT_ROUNDS), metavar="N|CLASS=N,...",
                     help="sweep windows per K and class: one number for every class, or per "
-                    "class (e.g. unpredictable=12,predictable=4; a class not named gets 3)")
+                    "class (e.g. unpredictable=12,predictable=3; a class not named gets "
+                    f"{DEFAULT_ROUNDS})")
     ap.add_argument("--stay", type=int, default=10, help="quiet windows that end a tuner run")
     ap.add_argument("--max-windows", type=int, default=40)
     ap.add_argument("--trial-windows", type=int, default=None,
@@ -529,7 +533,7 @@ def main() -> int:
         "candidates": candidates, "profile_k": ref, "classes": {},
     }
     if args.switch_from is not None:
-        return switch_only(b, classes, candidates, ref, args, policy, res, out)
+        return switch_only(b, classes, candidates, ref, args, rounds, policy, res, out)
     pool = Pool(b, (ref, ref), classes[0])
     try:
         print("sweep", flush=True)
