@@ -65,6 +65,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"{_mark(ev['cpu_cores_average'] <= MAX_CORES)} |",
             f"| floor CPU | {fl['cpu_cores_average']:.3f} of a core "
             f"({fl['cpu_seconds_per_round']:.2f} CPU-s a round) | |",
+            *_aiohttp_row(r[mode].get("floor_aiohttp")),
             f"| ratio evaluator / floor: round time, CPU | "
             f"{_ratio(ev['median_round_seconds'], fl['median_round_seconds'])}, "
             f"{_ratio(ev['cpu_seconds_per_round'], fl['cpu_seconds_per_round'])} | |",
@@ -111,13 +112,24 @@ def markdown(r: dict[str, Any]) -> str:
         "half the interval).",
         _keepalive(s.get("keepalive_seconds", 0), interval),
         "- Floor: the same URLs and headers, the same concurrency "
-        "(MAX_PARALLEL_SCRAPES) and time-out, bodies read and dropped.",
+        "(MAX_PARALLEL_SCRAPES) and time-out, bodies read and dropped, through the "
+        "evaluator's own HTTP client (adapters/keepalive_http.py: one kept-alive connection a "
+        "pod, the answer framed by an asyncio.Protocol); the aiohttp floor makes the same "
+        "fetches through aiohttp's client, the evaluator's transport before.",
         "- The metric sources (bench/scale_sources.py) run in one process beside the "
         "evaluator on the same 2 CPUs; their CPU is not the evaluator's.",
         *[f"- {n}" for n in r.get("notes") or []],
         "",
     ]
     return "\n".join(lines)
+
+
+def _aiohttp_row(fl: dict[str, Any] | None) -> list[str]:
+    if not fl:
+        return []
+    return [f"| floor through aiohttp's client (same fetches) | {fl['cpu_cores_average']:.3f} "
+            f"of a core ({fl['cpu_seconds_per_round']:.2f} CPU-s a round); round "
+            f"{fl['median_round_seconds']:.2f} s | |"]  # fmt: skip
 
 
 def _keepalive(seconds: float, interval: float) -> str:

@@ -2,9 +2,14 @@
 
 floor      A bare client: every `interval` seconds it fetches every pod's metrics URL (the
            evaluator's own URL and headers, the same concurrency and time-out, started over
-           the same part of the interval) and reads each body; it parses nothing.
+           the same part of the interval) and reads each body; it parses nothing. It fetches
+           through the evaluator's own HTTP client (adapters/keepalive_http.py), so what the
+           evaluator spends beyond it is parsing and deciding.
+floor-aiohttp  The same fetches through aiohttp's client (the evaluator's transport
+           before keepalive_http.py), for comparison.
 evaluator  The operator's built-in evaluator (control/evaluator.py: run_evaluator, Evaluator,
-           the real Reconciler and RollbackActions) over an in-memory cluster view
+           the real Reconciler and RollbackActions; control/heap.py's freezing beside it)
+           over an in-memory cluster view
            (tests/support/fake_cluster.py, checked against the real watches by
            tests/unit/test_ports.py) holding --resources MTPInferences x 4 GPU products with
            one Ready pod per pool, whose IP is a loopback metric source.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import resource
 import time
@@ -28,14 +34,38 @@ import aiohttp
 from scale_common import REPO  # noqa: F401  (puts tests/ on sys.path)
 
 from mtp_operator.adapters import scrape
+from mtp_operator.adapters.keepalive_http import HTTPError
 from mtp_operator.control import evaluator as evaluator_module
 from mtp_operator.control.evaluator import Evaluator, run_evaluator
+from mtp_operator.control.heap import keep_heap_frozen
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.control.rollback import RollbackActions
 from mtp_operator.settings import OperatorSettings
 from support.fake_cluster import FakeKube, FakeView, mtpinference, node
 
 NAMESPACE = "bench"
+
+
+class GcPauses:
+    """The cyclic garbage collector's passes while installed: count, seconds, longest pause,
+    per generation (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.passes: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._t0 = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.passes[info["generation"]].append(time.perf_counter() - self._t0)
+
+    def summary(self) -> dict[str, Any]:
+        gc.callbacks.remove(self._note)
+        return {str(g): {"passes": len(p), "seconds": round(sum(p), 3),
+                         "longest_seconds": round(max(p, default=0.0), 4)}
+                for g, p in self.passes.items()}  # fmt: skip
 
 
 def peak_rss_mib() -> float:
@@ -54,37 +84,49 @@ class Rounds:
                            "cpu": time.process_time(), "signals": signals})  # fmt: skip
 
 
-async def floor(cfg: dict[str, Any]) -> dict[str, Any]:
+async def floor(cfg: dict[str, Any], use_aiohttp: bool = False) -> dict[str, Any]:
     ips = [p["ip"] for p in cfg["pods"]]
     rounds = Rounds()
     loop = asyncio.get_running_loop()
     sem = asyncio.Semaphore(scrape.MAX_PARALLEL_SCRAPES)
     ok = []
-
+    idle = 2 * cfg["interval"] + 5  # as run_evaluator keeps them
     spread = cfg["interval"] * evaluator_module.SPREAD_FRACTION  # as the evaluator's rounds
     step = spread / len(ips)
+    client = scrape.scrape_client(idle_seconds=idle)
+    session = None
+    if use_aiohttp:
+        session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=scrape.SCRAPE_TIMEOUT_SECONDS,
+                                          sock_connect=scrape.CONNECT_TIMEOUT_SECONDS),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=idle))  # fmt: skip
 
-    async def fetch(session: aiohttp.ClientSession, i: int, ip: str, t0: float) -> int:
+    async def fetch(i: int, ip: str, t0: float) -> int:
         await asyncio.sleep(max(0.0, t0 + i * step - loop.time()))
         async with sem:
             try:
+                if session is None:
+                    status, body = await client.get(ip, cfg["port"], scrape.METRICS_PATH)
+                    return len(body) if status == 200 else 0
                 url = scrape.metrics_url(ip, cfg["port"])
                 async with session.get(url, headers=scrape.SCRAPE_HEADERS) as resp:
                     return len(await resp.read()) if resp.status == 200 else 0
-            except (aiohttp.ClientError, TimeoutError):
+            except (aiohttp.ClientError, HTTPError, TimeoutError):
                 return 0
 
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2 * cfg["interval"] + 5)
-    async with aiohttp.ClientSession(timeout=scrape.SCRAPE_TIMEOUT, connector=connector) as session:
+    try:
         due = loop.time()
         for _ in range(cfg["rounds"]):
             started = loop.time()
-            sizes = await asyncio.gather(*(fetch(session, i, ip, started)
-                                           for i, ip in enumerate(ips)))  # fmt: skip
+            sizes = await asyncio.gather(*(fetch(i, ip, started) for i, ip in enumerate(ips)))
             rounds.add(started, loop.time())
             ok.append(sum(1 for s in sizes if s))
             due = max(due + cfg["interval"], loop.time())
             await asyncio.sleep(due - loop.time())
+    finally:
+        await client.close()
+        if session is not None:
+            await session.close()
     return {"rounds": rounds.items, "ok_per_round": ok, "bytes_last_round": sum(sizes),
             "peak_rss_mib": round(peak_rss_mib(), 1)}  # fmt: skip
 
@@ -150,6 +192,10 @@ async def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
         scrapes.clear()
 
     wanted = {p["ip"] for p in cfg["pods"] if p.get("degrade") is not None}
+    pauses = GcPauses()
+    # beside the evaluator, as the operator's main runs it; the cluster view is whole now
+    # and, as in the operator, frozen SETTLE_SECONDS later (within the measured rounds)
+    heap = asyncio.create_task(keep_heap_frozen(lambda: True))
     task = asyncio.create_task(run_evaluator(actions, cfg["interval"], evaluator=Evaluator(
         actions, port=cfg["port"]), on_round=on_round))  # fmt: skip
     deadline = loop.time() + cfg["max_seconds"]
@@ -158,24 +204,27 @@ async def evaluate(cfg: dict[str, Any]) -> dict[str, Any]:
         if len(rounds.items) >= cfg["rounds"] and wanted <= decisions.keys():
             break
     task.cancel()
+    heap.cancel()
     kinds = {p["ip"]: p.get("kind", "ok") for p in cfg["pods"]}
     summary = []
     for r, done in zip(rounds.items, per_round_scrapes, strict=True):
         ok_ends = [t for ip, t, _ in done if kinds[ip] == "ok"]
         summary.append({**r, "scrapes": len(done), "ok": sum(1 for *_, ok in done if ok),
                         "healthy_done": max(ok_ends) if ok_ends else None})  # fmt: skip
-    return {"rounds": summary, "decisions": decisions, "peak_rss_mib": round(peak_rss_mib(), 1)}
+    return {"rounds": summary, "decisions": decisions, "gc": pauses.summary(),
+            "peak_rss_mib": round(peak_rss_mib(), 1)}  # fmt: skip
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("floor", "evaluator"))
+    p.add_argument("mode", choices=("floor", "floor-aiohttp", "evaluator"))
     p.add_argument("--config", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     cfg = json.loads(args.config.read_text())
-    run = floor if args.mode == "floor" else evaluate
-    result = asyncio.run(run(cfg))
+    runs = {"floor": floor, "floor-aiohttp": lambda c: floor(c, use_aiohttp=True),
+            "evaluator": evaluate}  # fmt: skip
+    result = asyncio.run(runs[args.mode](cfg))
     args.out.write_text(json.dumps(result))
 
 

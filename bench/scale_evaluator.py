@@ -11,7 +11,9 @@ CPU seconds are its own, in one run:
 for each source mode in --modes (`full`, default: the sources send the whole exposition
 whatever is asked, as vLLM does (it ignores name[], bench/record_exposition.py shows it);
 `names`: they answer only the name[] asked for, as a plain prometheus_client server does):
-  floor      a bare client fetches every pod's URL each interval and parses nothing
+  floor      a bare client fetches every pod's URL each interval and parses nothing (through
+             the evaluator's own HTTP client; `floor-aiohttp`: through aiohttp's, mode
+             `full` only)
   evaluator  the operator's evaluator, same pods, same interval
 faults (mode `full`): 1 % of the pods dead (refused), 1 % hanging (never answer), 1 %
   slow (--slow-seconds), and --crossings healthy pools whose acceptance drops to 0 at random
@@ -180,8 +182,10 @@ class Run:
         for mode in a.modes:
             src = self.sources(clean, honour=(mode == "names"))
             try:
-                result[mode] = {"floor": self.phase("floor", clean),
-                                "evaluator": self.phase("evaluator", clean)}
+                result[mode] = {"floor": self.phase("floor", clean)}
+                if mode == "full":
+                    result[mode]["floor_aiohttp"] = self.phase("floor-aiohttp", clean)
+                result[mode]["evaluator"] = self.phase("evaluator", clean)
             finally:
                 src.communicate(timeout=60)
         self.start = time.time()

@@ -9,7 +9,6 @@ import asyncio
 import itertools
 import urllib.request
 
-import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
@@ -64,7 +63,7 @@ def test_prometheus_client_answers_only_the_spec_decode_samples(vllm_like_server
 
 
 async def test_scrape_pod_reads_the_counters_through_the_filter(vllm_like_server) -> None:
-    async with aiohttp.ClientSession(timeout=scrape.SCRAPE_TIMEOUT) as session:
+    async with scrape.scrape_client() as session:
         snap = await scrape.scrape_pod(
             session, "127.0.0.1", asyncio.Semaphore(1), port=vllm_like_server
         )
@@ -118,7 +117,7 @@ async def test_a_hanging_pod_gets_its_own_lane_after_its_first_failure(
     monkeypatch.setattr(evaluator_module, "SUSPECT_PARALLEL", 1)
     evaluator = Evaluator(RollbackActions(kube, view, reconciler))
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+        async with scrape.scrape_client(timeout=0.5) as session:
             await evaluator.tick(session, evaluator_module.datetime.now(evaluator_module.UTC))
             # one slot: the hanging pod (first) held it until its time-out
             assert ended[0] == "127.0.0.1" and evaluator.suspects == {"127.0.0.1"}

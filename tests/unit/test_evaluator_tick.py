@@ -9,9 +9,9 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
 import pytest
 
+from mtp_operator.adapters.scrape import scrape_client
 from mtp_operator.control.evaluator import Evaluator
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.control.rollback import RollbackActions
@@ -68,7 +68,7 @@ async def setup():
 async def test_a_low_hit_rate_held_for_long_enough_rolls_that_pool_back(setup) -> None:
     kube, _view, actions, fakes, clock_now = setup
     evaluator = Evaluator(actions)
-    async with aiohttp.ClientSession() as session:
+    async with scrape_client() as session:
 
         async def tick(seconds: int) -> int:
             clock_now[0] = T0 + timedelta(seconds=seconds)
@@ -103,7 +103,7 @@ async def test_too_few_drafts_is_no_data_and_an_unreachable_pod_is_skipped(setup
     kube, _view, actions, fakes, clock_now = setup
     fakes[L40S].stop()
     evaluator = Evaluator(actions)
-    async with aiohttp.ClientSession() as session:
+    async with scrape_client() as session:
         for t in range(0, 120, 10):
             fakes[H100].advance([0] * 4)  # hit rate 0, but 4 drafts per 10 s < minDrafts 50
             clock_now[0] = T0 + timedelta(seconds=t)

@@ -1,4 +1,5 @@
-"""Reading a pool pod's vLLM /metrics over HTTP into spec-decode counters."""
+"""Reading a pool pod's vLLM /metrics over HTTP into spec-decode counters (the built-in
+evaluator's scrapes, through the kept-alive connections of `keepalive_http.KeepAliveClient`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
-import aiohttp
-
+from mtp_operator.adapters.keepalive_http import HTTPError, KeepAliveClient
 from mtp_runtime.exposition import ParseError
 from mtp_runtime.spec_decode import SPEC_DECODE_COUNTERS, spec_snapshot
 from mtp_runtime.vllm_command import DEFAULT_PORT
@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 # Per pod: a pod that does not answer (or accept) in time counts as a failed scrape, so a
 # slow or dead pod costs the round one slot for at most this long.
-SCRAPE_TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
+SCRAPE_TIMEOUT_SECONDS = 3.0
+CONNECT_TIMEOUT_SECONDS = 1.0
 MAX_PARALLEL_SCRAPES = 32
 # Only the spec-decode samples, asked as prometheus_client's name[] filter: a plain
 # prometheus_client server then answers a few hundred bytes instead of ~55 KB of histograms.
@@ -33,26 +34,38 @@ def metrics_url(ip: str, port: int = DEFAULT_PORT) -> str:
     return f"http://{ip}:{port}{METRICS_PATH}"
 
 
+def scrape_client(
+    *, timeout: float = SCRAPE_TIMEOUT_SECONDS, idle_seconds: float = 60.0
+) -> KeepAliveClient:
+    """The client scrapes go through (one kept-alive connection a pod); `timeout` per scrape,
+    connections idle longer than `idle_seconds` closed."""
+    return KeepAliveClient(
+        connect_timeout=min(CONNECT_TIMEOUT_SECONDS, timeout),
+        total_timeout=timeout,
+        idle_seconds=idle_seconds,
+        headers=SCRAPE_HEADERS,
+    )
+
+
 async def scrape_pod_timed(
-    session: aiohttp.ClientSession, ip: str, sem: asyncio.Semaphore, port: int = DEFAULT_PORT
+    client: KeepAliveClient, ip: str, sem: asyncio.Semaphore, port: int = DEFAULT_PORT
 ) -> tuple[Any, float]:
     """The pod's spec-decode snapshot (None when the scrape failed, logged at debug) and the
     seconds the scrape took once it had a slot of `sem`."""
     async with sem:
         t0 = time.monotonic()
         try:
-            async with session.get(metrics_url(ip, port), headers=SCRAPE_HEADERS) as resp:
-                if resp.status != 200:
-                    return None, time.monotonic() - t0
-                text = (await resp.read()).decode("utf-8", "replace")
-                return spec_snapshot(text), time.monotonic() - t0
-        except (aiohttp.ClientError, TimeoutError, ParseError) as err:
+            status, body = await client.get(ip, port, METRICS_PATH)
+            if status != 200:
+                return None, time.monotonic() - t0
+            return spec_snapshot(body.decode("utf-8", "replace")), time.monotonic() - t0
+        except (HTTPError, TimeoutError, ParseError) as err:
             log.debug("scrape %s failed: %s", ip, err)
             return None, time.monotonic() - t0
 
 
 async def scrape_pod(
-    session: aiohttp.ClientSession, ip: str, sem: asyncio.Semaphore, port: int = DEFAULT_PORT
+    client: KeepAliveClient, ip: str, sem: asyncio.Semaphore, port: int = DEFAULT_PORT
 ) -> Any:
     """The pod's spec-decode snapshot, or None when the scrape failed."""
-    return (await scrape_pod_timed(session, ip, sem, port))[0]
+    return (await scrape_pod_timed(client, ip, sem, port))[0]

@@ -27,6 +27,7 @@ from mtp_operator.addresses import parse_address
 from mtp_operator.app import handlers, kopf_tweaks
 from mtp_operator.control.alert_server import serve_alerts
 from mtp_operator.control.evaluator import run_evaluator
+from mtp_operator.control.heap import keep_heap_frozen
 from mtp_operator.control.leader import LeaderElector
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.control.rollback import RollbackActions
@@ -224,6 +225,9 @@ async def run(opts: RunOptions) -> int:
             handlers.resync_loop, reconciler, view, handlers.RESYNC_SECONDS
         )
         tasks.append(asyncio.create_task(supervise("resync", resync, health)))
+        # the watched objects left out of the collector's full passes (control/heap.py)
+        heap = functools.partial(keep_heap_frozen, lambda: view.ready)
+        tasks.append(asyncio.create_task(supervise("heap", heap, health)))
         # before kopf starts: O(n) instead of O(n^2) wake-ups while it indexes n objects (after
         # the ports are bound, so that a start-up mistake is the only line printed)
         kopf_tweaks.apply()

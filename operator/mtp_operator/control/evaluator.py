@@ -23,13 +23,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
-
-from mtp_operator.adapters.scrape import (
-    MAX_PARALLEL_SCRAPES,
-    SCRAPE_TIMEOUT,
-    scrape_pod_timed,
-)
+from mtp_operator.adapters.keepalive_http import KeepAliveClient
+from mtp_operator.adapters.scrape import MAX_PARALLEL_SCRAPES, scrape_client, scrape_pod_timed
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.control.rollback import RollbackActions
 from mtp_operator.rollback.evaluation import PoolEvaluator, pool_snapshot
@@ -66,9 +61,7 @@ class Evaluator:
             self._specs[key] = memo
         return memo[1], memo[2]
 
-    async def tick(
-        self, session: aiohttp.ClientSession, now: datetime, spread: float = 0.0
-    ) -> int:
+    async def tick(self, client: KeepAliveClient, now: datetime, spread: float = 0.0) -> int:
         """One round over every pool; returns how many signals were handed on. With `spread`,
         the pools start one after the other over that many seconds, each at the same place
         in every round (sorted), so each pool is read once an interval and the load is even."""
@@ -104,7 +97,7 @@ class Evaluator:
 
         async def scrape(ip: str) -> Any:
             lane = suspect_lane if ip in self.suspects else healthy_lane
-            snap, seconds = await scrape_pod_timed(session, ip, lane, self.port)
+            snap, seconds = await scrape_pod_timed(client, ip, lane, self.port)
             if snap is None or seconds > SLOW_SCRAPE_SECONDS:
                 suspects.add(ip)
             return snap
@@ -114,7 +107,11 @@ class Evaluator:
         ) -> int:
             if step:
                 await asyncio.sleep(max(0.0, started + i * step - loop.time()))
-            scraped = await asyncio.gather(*(scrape(ip) for ip in pods.values()))
+            ips = list(pods.values())
+            if len(ips) == 1:  # most pools at scale: no task (and gather) for one pod
+                scraped = [await scrape(ips[0])]
+            else:
+                scraped = await asyncio.gather(*(scrape(ip) for ip in ips))
             for snap in scraped:
                 OPERATOR_METRICS.evaluator_scrapes.labels(
                     ref.namespace, ref.mtpinference, ref.gpu_product,
@@ -185,15 +182,15 @@ async def run_evaluator(
     spread = interval * SPREAD_FRACTION
     loop = asyncio.get_running_loop()
     # idle connections kept past the next round (mtp-runtime starts vLLM with a keep-alive
-    # longer than that), one a pod: concurrency is bounded by the lanes, not the pool
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2 * interval + 5)
-    async with aiohttp.ClientSession(timeout=SCRAPE_TIMEOUT, connector=connector) as session:
+    # longer than that), one a pod: concurrency is bounded by the lanes, not the client
+    client = scrape_client(idle_seconds=2 * interval + 5)
+    try:
         due = loop.time()
         stamps = RoundStamps(interval)
         while True:
             started, signals = loop.time(), 0
             try:
-                signals = await evaluator.tick(session, stamps.next(datetime.now(UTC)), spread)
+                signals = await evaluator.tick(client, stamps.next(datetime.now(UTC)), spread)
             except Exception:  # keep evaluating: one bad round must not stop rollbacks
                 log.exception("evaluator round failed")
             if on_round is not None:
@@ -205,3 +202,5 @@ async def run_evaluator(
             if late:  # the round overran: the cadence starts again from here
                 stamps.restart()
             await asyncio.sleep(due - loop.time())
+    finally:
+        await client.close()

@@ -119,7 +119,10 @@ class Reconciler(PoolWrites):
 
     # ---- scheduling -------------------------------------------------------------------
     def slot(self, key: Key) -> _Slot:
-        return self._slots.setdefault(key, _Slot())
+        slot = self._slots.get(key)  # looked up first: a _Slot (and its lock) costs a build
+        if slot is None:
+            slot = self._slots[key] = _Slot()
+        return slot
 
     def forget(self, key: Key) -> None:
         slot = self._slots.pop(key, None)
