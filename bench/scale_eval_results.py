@@ -72,6 +72,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"| scrapes that succeeded, per round | {min(ev['ok_per_round'])} of {s['pods']} | |",
             f"| evaluator peak RSS (whole process, with the cluster view) | "
             f"{ev['peak_rss_mib']} MiB | |",
+            *_gc_row(ev),
         ]
     f = r.get("faults")
     if f:
@@ -88,6 +89,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"({max(f['healthy_pods_done_seconds']):.2f} s) | |",
             f"| evaluator CPU, average | {f['cpu_cores_average']:.3f} of a core | "
             f"<= {MAX_CORES}: {_mark(f['cpu_cores_average'] <= MAX_CORES)} |",
+            *_gc_row(f),
             f"| threshold crossing -> decision, {d['decided']} of {d['crossings']} crossings "
             f"(p50; p99; max) | {d['p50']} s; {d['p99']} s; {d['max']} s | p99 <= "
             f"{interval:.0f} s: {_mark(d['p99'] is not None and d['p99'] <= interval and not d['missing'])} |",  # noqa: E501
@@ -122,6 +124,15 @@ def markdown(r: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _gc_row(phase: dict[str, Any]) -> list[str]:
+    full = (phase.get("raw") or {}).get("gc", {}).get("2")
+    if not full:
+        return []
+    return [f"| the collector's full passes from the evaluator's start (one is "
+            f"control/heap.py's refreeze, 30 s in) | {full['passes']}, "
+            f"{full['seconds']:.2f} s in all, longest {full['longest_seconds']:.2f} s | |"]
 
 
 def _aiohttp_row(fl: dict[str, Any] | None) -> list[str]:

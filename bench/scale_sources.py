@@ -5,7 +5,8 @@ thousands of pod IPs at vLLM's port, one listening socket per IP, with live spec
 counters: every other line is served as recorded, so each answer has the real engine's size
 and shape. Like vLLM it sends the whole exposition whatever is asked; with `honour_names` in
 its config it answers only the sample names given as `name[]` (as a plain prometheus_client
-server does). It gzips when the client accepts it.
+server does). It gzips when the client accepts it, and frames each answer in one chunk as
+vLLM's uvicorn does.
 
 Counters of pod i at time t (closed form, so the benchmark knows the exact crossing time):
 drafts D = rate·(t - start); draft tokens = K·D; accepted at position j
@@ -152,9 +153,13 @@ class Sources:
         if b"gzip" in rest.lower().split(b"accept-encoding:", 1)[-1].split(b"\r\n", 1)[0]:
             body = gzip.compress(body)
             headers.append(b"Content-Encoding: gzip")
-        headers.append(b"Content-Length: %d" % len(body))
+        # framed as vLLM's server frames it: uvicorn sends prometheus_client's answer (no
+        # Content-Length) as one chunk and the last chunk (seen with uvicorn 0.55, h11 and
+        # httptools alike)
+        headers.append(b"Transfer-Encoding: chunked")
         self.served += 1
-        return b"\r\n".join(headers) + b"\r\n\r\n" + body
+        return (b"\r\n".join(headers) + b"\r\n\r\n%x\r\n" % len(body) + body
+                + b"\r\n0\r\n\r\n")  # fmt: skip
 
 
 class Conn(asyncio.Protocol):
