@@ -130,8 +130,8 @@ def _gc_row(phase: dict[str, Any]) -> list[str]:
     full = (phase.get("raw") or {}).get("gc", {}).get("2")
     if not full:
         return []
-    return [f"| the collector's full passes from the evaluator's start (one is "
-            f"control/heap.py's refreeze, 30 s in) | {full['passes']}, "
+    return [f"| the collector's full passes from the evaluator's start (control/heap.py "
+            f"refreezes 30 s in: one full pass) | {full['passes']}, "
             f"{full['seconds']:.2f} s in all, longest {full['longest_seconds']:.2f} s | |"]
 
 
