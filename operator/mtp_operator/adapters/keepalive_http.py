@@ -49,7 +49,6 @@ class _Connection(asyncio.Protocol):
         self._head_done = False
         self._status = 0
         self._length: int | None = None  # Content-Length
-        self._chunked = False
         self._until_close = False  # no framing: the body ends when the server closes
         self._pos = 0  # where the body (or the next chunk) starts in _buf
         self._chunks: list[bytes] = []
@@ -96,7 +95,7 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
         try:
             return await self._waiter
-        finally:
+        finally:  # the answer's bytes are not kept while the connection is idle (55 KB a pod)
             self._waiter = None
             self._buf, self._chunks = bytearray(), []
 
@@ -110,8 +109,6 @@ class _Connection(asyncio.Protocol):
 
     def _finish(self, body: bytes) -> None:
         assert self._waiter is not None
-        # the answer's bytes are not kept while the connection is idle (55 KB a pod)
-        self._buf, self._chunks = bytearray(), []
         if not self._waiter.done():
             self._waiter.set_result((self._status, body))
 
@@ -150,6 +147,7 @@ class _Connection(asyncio.Protocol):
             raise HTTPError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         self._status = int(parts[1])
         connection = b"keep-alive" if parts[0] == b"HTTP/1.1" else b""
+        chunked = False
         for line in lines[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
@@ -159,12 +157,12 @@ class _Connection(asyncio.Protocol):
                 except ValueError:
                     raise HTTPError(f"bad Content-Length: {value.strip()[:40]!r}") from None
             elif name == b"transfer-encoding":
-                self._chunked = value.strip().lower().endswith(b"chunked")
+                chunked = value.strip().lower().endswith(b"chunked")
             elif name == b"connection":
                 connection = value.strip().lower()
         self.keep_alive = connection == b"keep-alive"
         self._head_done = True
-        if self._chunked:
+        if chunked:
             self._length = None  # chunked wins over a Content-Length (RFC 9112 6.3)
         elif self._length is None:
             if self._status in (204, 304) or 100 <= self._status < 200:
