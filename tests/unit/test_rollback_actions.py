@@ -234,3 +234,52 @@ async def test_a_lone_request_waits_only_for_the_quiet_time(serving) -> None:
     outcome = await actions.apply_signals([low_hit_rate(H100)])
     assert outcome.rolled_back == 1 and k_of(kube.deployments()[H100]) == 5
     assert loop.time() - t0 < BATCH_GATHER_SECONDS  # it did not wait for the cap
+
+
+async def test_a_wide_request_leaves_room_for_the_requests_beside_it() -> None:
+    # One body naming 20 resources (Alertmanager grouping a fleet) runs WIDE_REQUEST_PASSES
+    # of its passes at a time; a single alert for another resource, sent while the wide one
+    # is being written, is patched after at most those passes' writes, not after all 20.
+    import asyncio
+
+    from mtp_operator.control.rollback import WIDE_REQUEST_PASSES, WIDE_REQUEST_RESOURCES
+
+    clock = Clock()
+    kube = FakeKube()
+    view = FakeView(nodes=[node("n0", H100)])
+    names = [f"r{i:02d}" for i in range(20)] + ["side"]
+    assert len(names) - 1 > WIDE_REQUEST_RESOURCES
+    for name in names:
+        view.add(mtpinference(name, {"model": "org/model", "tensorParallelSize": 8}))
+    reconciler = Reconciler(kube, view, OperatorSettings(), clock=clock)
+    for name in names:
+        await reconciler.reconcile(("ml", name))
+    view.deliver(kube, ready=True)
+    kube.calls.clear()
+
+    in_flight, most, order = 0, 0, []
+    plain_apply = kube.apply
+
+    async def slow_apply(obj):  # each pool write takes 10 ms of the API server
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            return await plain_apply(obj)
+        finally:
+            in_flight -= 1
+            order.append(obj["metadata"]["name"])
+
+    kube.apply = slow_apply
+    actions = RollbackActions(kube, view, reconciler, clock=clock)
+    wide = asyncio.create_task(
+        actions.apply_signals([low_hit_rate(name=n) for n in names[:-1]])
+    )
+    await asyncio.sleep(0.015)  # the wide request's first passes are writing
+    side = await actions.apply_signals([low_hit_rate(name="side")])
+    outcome = await wide
+    assert side.rolled_back == 1 and outcome.rolled_back == 20
+    assert most <= WIDE_REQUEST_PASSES + 1, most  # its passes, and the side request's
+    # the side pool was written before most of the wide request's pools
+    assert order.index("side-h100-80gb-hbm3") < 2 * WIDE_REQUEST_PASSES, order

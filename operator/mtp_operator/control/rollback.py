@@ -38,6 +38,14 @@ log = logging.getLogger(__name__)
 # none, at most BATCH_GATHER_SECONDS (bench/reaction.py: a burst of 100 alerts at once).
 BATCH_QUIET_SECONDS = 0.003
 BATCH_GATHER_SECONDS = 0.02
+# A request that names more than WIDE_REQUEST_RESOURCES resources (Alertmanager grouping a
+# fleet's alerts into one body) runs at most WIDE_REQUEST_PASSES of its passes at a time, and
+# its decisions give the event loop back every DECISIONS_PER_YIELD signals: the requests
+# beside it (one alert each) then find the API server and the loop free instead of queued
+# behind the wide request's writes (bench/reaction.py, the 5,000-alert body).
+WIDE_REQUEST_RESOURCES = 8
+WIDE_REQUEST_PASSES = 4
+DECISIONS_PER_YIELD = 32
 
 
 class NotReady(RuntimeError):
@@ -93,19 +101,24 @@ class RollbackActions:
                 sig = replace(sig, target=replace(sig.target, mtpinference=name))
             by_resource[(ns, name)].append(sig)
         outcome = Outcome()
+        wide = len(by_resource) > WIDE_REQUEST_RESOURCES
+        passes = asyncio.Semaphore(WIDE_REQUEST_PASSES if wide else len(by_resource) or 1)
 
         async def one(key: Key, sigs: list[AlertSignal]) -> None:
-            await self._apply_to_resource(key, sigs, outcome, received)
-            if self.reconciler.slot(key).dirty:
-                # a reconcile asked for while we held the lock was deferred to us
-                await self.reconciler.reconcile(key)
+            async with passes:
+                await self._apply_to_resource(key, sigs, outcome, received, yields=wide)
+                if self.reconciler.slot(key).dirty:
+                    # a reconcile asked for while we held the lock was deferred to us
+                    await self.reconciler.reconcile(key)
 
-        # resources are independent: each waits only for its own lock
+        # resources are independent: each waits only for its own lock (and a wide request's
+        # share of passes)
         await asyncio.gather(*(one(k, s) for k, s in by_resource.items()))
         return outcome
 
     async def _apply_to_resource(
-        self, key: Key, sigs: list[AlertSignal], outcome: Outcome, received: float
+        self, key: Key, sigs: list[AlertSignal], outcome: Outcome, received: float,
+        yields: bool = False,
     ) -> None:
         """Group commit: requests for one resource that wait for its lock meanwhile are
         decided and written together by the first of them to get it (one status write and one
@@ -121,7 +134,7 @@ class RollbackActions:
                 await self._let_arrivals_join(key)
                 batch = self._waiting.pop(key, [])
                 try:
-                    body, records, failed = await self._one_pass(key, batch, received)
+                    body, records, failed = await self._one_pass(key, batch, received, yields)
                 except BaseException as err:
                     for w in batch:
                         if w is not me and isinstance(err, asyncio.CancelledError):
@@ -163,10 +176,11 @@ class RollbackActions:
             seen = now
 
     async def _one_pass(
-        self, key: Key, batch: list[_Waiting], received: float
+        self, key: Key, batch: list[_Waiting], received: float, yields: bool = False
     ) -> tuple[dict | None, list, TransientReconcileError | None]:
         """Decide every waiting signal of one resource and write them in one reconcile pass
-        (under its lock). Returns (body, rollback records, the pool-write error, if any)."""
+        (under its lock; with `yields`, the loop is given back every DECISIONS_PER_YIELD
+        signals). Returns (body, rollback records, the pool-write error, if any)."""
         body = self.view.resource(key)
         if body is None:
             for w in batch:
@@ -188,7 +202,9 @@ class RollbackActions:
             for p in status.pools
             if label_value(p.gpu_product) != p.gpu_product
         }
-        for sig, outcome in ((x, w.outcome) for w in batch for x in w.sigs):
+        for i, (sig, outcome) in enumerate((x, w.outcome) for w in batch for x in w.sigs):
+            if yields and i % DECISIONS_PER_YIELD == DECISIONS_PER_YIELD - 1:
+                await asyncio.sleep(0)
             product = by_label.get(sig.target.gpu_product, sig.target.gpu_product)
             if product != sig.target.gpu_product:
                 sig = replace(sig, target=replace(sig.target, gpu_product=product))
