@@ -66,6 +66,8 @@ def _two_pools(monkeypatch, counts_interval: float):
     """A resource with an H100 and an L40S pool on the in-memory cluster, progress-only
     status writes at most every `counts_interval` seconds."""
     monkeypatch.setattr(reconciler_module, "STATUS_COUNTS_INTERVAL", counts_interval)
+    # one resource rolling out: its interval is counts_interval, not the fleet's share
+    monkeypatch.setattr(reconciler_module, "PROGRESS_WRITES_PER_SECOND", 1 / counts_interval)
     kube, view = FakeKube(), FakeView(nodes=[node("h1", H100), node("l1", L40S)])
     view.add(mtpinference("res", SPEC))
     rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
