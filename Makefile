@@ -12,14 +12,15 @@ PYTEST := $(PY) -m pytest
 
 .PHONY: help install build-sandbox monitoring lua install-tools images sandbox \
         sandbox-down sandbox-status test test-unit test-runtime-image lint crds demo bench engine tiny-model \
-        bench-engine bench-cache
+        bench-engine bench-cache contract-vllm setup setup-installs
 
 help:
 	@echo "make install        .venv with mtp-operator[dev] (editable)"
 	@echo "make sandbox        local control plane + kwok GPU nodes; last line KUBECONFIG=..."
 	@echo "make sandbox-down   stop the sandbox"
 	@echo "make images         operator + CPU runtime images with buildah (local Debian base)"
-	@echo "make test           install everything (Python, Go builds, Prometheus, Lua) and run all tests"
+	@echo "make setup          install everything make test needs (two lanes at once)"
+	@echo "make test           make setup, then run all tests"
 	@echo "make test-unit      unit tests only (no sandbox)"
 	@echo "make lint           ruff"
 	@echo "make crds           regenerate crds/ and the chart's copy from the pydantic models"
@@ -77,7 +78,23 @@ sandbox-status:
 # leaves them out; `make test-runtime-image` runs only them.
 TEST_MARKS ?=
 
-test: install build-sandbox monitoring lua install-tools engine tiny-model
+# vLLM 0.33.0 for the contract tests (tests/contract/install_vllm.sh, outside the clone)
+contract-vllm:
+	@bash tests/contract/install_vllm.sh >/dev/null
+
+# Everything `make test` needs, in two lanes at once: the Go builds of the sandbox (CPU-bound,
+# ~12 min cold on 2 cores) beside the downloads and installs (apt, the engine, the model, vLLM
+# 0.33.0, the image bases: mostly network and disk). One after the other they took ~25 min
+# cold; warm, every step finds its cache and returns in seconds.
+setup:
+	@$(MAKE) --no-print-directory -j2 build-sandbox setup-installs
+
+setup-installs:
+	@$(MAKE) --no-print-directory -j1 install monitoring lua install-tools engine tiny-model \
+	  contract-vllm
+	@bash tests/images/build.sh >/dev/null || echo "setup: the image build failed; the image tests run it again and show why"
+
+test: setup
 	MTP_TEST_ALL_TOOLS=1 $(PYTEST) $(if $(TEST_MARKS),-m "$(TEST_MARKS)") $(PYTEST_ARGS)
 
 test-runtime-image: install build-sandbox install-tools engine tiny-model

@@ -64,8 +64,17 @@ _log_lock = threading.Lock()
 def log(event: str, level: str = "info", **fields: object) -> None:
     record = {"ts": round(time.time(), 3), "level": level, "logger": "mtp-runtime",
               "event": event, **fields}
+    _write_stderr(json.dumps(record, default=str) + "\n")
+
+
+def _write_stderr(text: str) -> None:
+    """`text` to stderr in one write. Under PYTHONUNBUFFERED (the image sets it) print() makes
+    two writes, the text and then its newline, and the threads copying vLLM's output to the
+    same stderr could put a line of vLLM's between them: a JSON line torn in two (seen in
+    tests/engine/test_runtime_real.py)."""
     with _log_lock:
-        print(json.dumps(record, default=str), file=sys.stderr, flush=True)
+        sys.stderr.write(text)
+        sys.stderr.flush()
 
 
 class CLIError(Exception):
@@ -217,7 +226,7 @@ def _startup_failure(status: int, port: int, tail: engine.LogTail) -> None:
     log("vllm_startup_failed", level="error", exit_status=status, port=port, reason=reason,
         last_lines=lines)
     out = [f"mtp-runtime: {message}", f"mtp-runtime: last {len(lines)} lines of vLLM's log:"]
-    print("\n".join(out + [f"  | {line}" for line in lines]), file=sys.stderr, flush=True)
+    _write_stderr("\n".join(out + [f"  | {line}" for line in lines]) + "\n")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -156,3 +156,27 @@ def test_recorded_h200_print_args_still_match(pool: str) -> None:
     detected["products"] = tuple(detected["products"])
     gpu = GPUInfo(**detected)
     assert plan(config, gpu).to_dict() == json.loads(recorded.read_text())
+
+
+def test_each_log_line_reaches_stderr_in_one_write(monkeypatch) -> None:
+    # The pump threads copy vLLM's lines to the same stderr; under PYTHONUNBUFFERED a record
+    # written as the text and then its newline could get a vLLM line in between.
+    class Recorder:
+        def __init__(self) -> None:
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    rec = Recorder()
+    monkeypatch.setattr(cli.sys, "stderr", rec)
+    cli.log("vllm_ready", after_s=35.1, port=42729)
+    cli.log("vllm_exited", level="error", exit_status=1)
+    assert len(rec.writes) == 2, rec.writes
+    for text in rec.writes:
+        assert text.endswith("\n") and text.count("\n") == 1
+        json.loads(text)
