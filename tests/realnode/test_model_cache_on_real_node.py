@@ -2,7 +2,9 @@
 downloads the model once, and the restart a change of K causes reads it from the node's folder
 without asking the hub anything.
 
-The pool pod runs the CPU runtime image without the model inside it: the model is a hub
+The pool pod runs the CPU runtime image that test_runtime_on_real_node.py runs too (the tiny
+model baked in at /models/tiny-mimo, which this pool never names: one import of the 6.7 GB
+image into the node's containerd serves both tests, not two): this pool's model is a hub
 repository served by the loopback hub stand-in (tests/support/hub_standin.py, the one double:
 no real hub is reachable), which the pod reaches through `HF_ENDPOINT` (hostNetwork: the pod
 shares this machine's loopback). The node folder is the operator's allowed host path; it is
@@ -25,9 +27,11 @@ from support.cache_proof import HUB_ID, model_files
 from support.cluster_fixtures import get_json, wait_for
 from support.cpu_node import PRODUCT
 from support.hub_standin import HubStandIn
-from support.images import build, readable_copy, tiny_model
+from support.images import build, readable_copy, tiny_model, with_model
 
 pytestmark = pytest.mark.runtime_image
+
+BAKED_MODEL_PATH = "/models/tiny-mimo"  # as test_runtime_on_real_node.py's MODEL_PATH
 
 NAME = "cached"
 
@@ -77,7 +81,7 @@ def _apply(kubectl, namespace: str, node, cache: Path, endpoint: str, image: str
 
 def test_a_new_k_reads_the_weights_from_the_nodes_cache(cpu_gpu_node, kubectl, namespace,
                                                          start_operator, tmp_path) -> None:
-    image = build("runtime-cpu")
+    image = with_model(build("runtime-cpu"), tiny_model(), BAKED_MODEL_PATH)
     cpu_gpu_node.load_image(image)
     model = readable_copy(tiny_model(), tmp_path / "model")
     files = model_files(model)
