@@ -84,7 +84,10 @@ def test_real_engines_canary_k4_adopted_on_predictable_traffic_and_stays(
     real = RealPool(kubeconfig, namespace, NAME, H100, vllm=vllm_executable,
                     model=tiny_model_dir, log_dir=tmp_path / "engines", on_event=print,
                     pin_cores=True)  # a core per engine: two engines compared fairly
-    with real, PerEngineTraffic(real, "predictable", concurrency=2) as load:
+    # traffic held while an engine starts: see PerEngineTraffic (a canary starved by a busy
+    # replica on these two shared cores took 8-15 minutes to start)
+    with real, PerEngineTraffic(real, "predictable", concurrency=2,
+                                hold_while_starting=True) as load:
         wait_for(lambda: len(real.serving()) == 2, START_TIMEOUT, interval=1,
                  message="two real K=1 engines")
         assert sorted(r.k for r in real.serving()) == [1, 1]

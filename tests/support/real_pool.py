@@ -398,6 +398,12 @@ class RealPool:
             return [r for r in self.active.values()
                     if r.healthy_at and r.served_model and r.stopped_at is None]
 
+    def starting(self) -> list[EngineRun]:
+        """Every engine launched for a pod of the pool that is not serving yet (nor stopped)."""
+        with self._lock:
+            return [r for r in self.active.values()
+                    if not (r.healthy_at and r.served_model) and r.stopped_at is None]
+
     def current(self) -> EngineRun | None:
         """The healthy engine serving the pool now (the newest one), or None."""
         with self._lock:

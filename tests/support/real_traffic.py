@@ -104,14 +104,23 @@ class PerEngineTraffic:
     and hide the faster one). Each completion is recorded as (time done, completion tokens)
     per pod: `tokens_per_second(pod, t0, t1)` is the client's own count of what that engine
     produced, independent of vLLM's counters and of the operator.
+
+    With `hold_while_starting`, no request is sent while an engine of the pool is starting.
+    On a GPU cluster a canary starts on a GPU of its own; here every engine shares two cores,
+    and a replica kept busy (its model worker and its engine-core loop took both cores) left
+    the canary's engine 1 % of a CPU: its start took 8-15 minutes instead of 30 s in cold
+    runs. Traffic held during starts makes a start cost what it costs on an idle machine;
+    what tuning compares (two engines over the same window, both serving) is unchanged.
     """
 
     def __init__(self, pool: RealPool, cls: str, *, concurrency: int = 2,
-                 max_tokens: int = traffic.DEFAULT_MAX_TOKENS, seed: int = 0) -> None:
+                 max_tokens: int = traffic.DEFAULT_MAX_TOKENS, seed: int = 0,
+                 hold_while_starting: bool = False) -> None:
         if cls not in traffic.CLASSES:
             raise ValueError(f"unknown traffic class {cls!r}: one of {traffic.CLASSES}")
         self.pool, self.cls = pool, cls
         self.concurrency, self.max_tokens = concurrency, max_tokens
+        self.hold_while_starting = hold_while_starting
         self._prompts = itertools.cycle(traffic.prompts(cls, PROMPTS_PER_CLASS, seed))
         self._lock = threading.Lock()
         self.done: dict[str, list[tuple[float, int]]] = {}  # pod -> [(time.time(), tokens)]
@@ -127,6 +136,9 @@ class PerEngineTraffic:
     def _loop(self, run) -> None:
         pod = run.launch.pod
         while not self._stop.is_set() and run.stopped_at is None:
+            if self.hold_while_starting and self.pool.starting():
+                self._stop.wait(0.2)
+                continue
             try:
                 reply = traffic.send(run.url, run.served_model, self._prompt(), self.max_tokens,
                                      timeout=120)
