@@ -14,6 +14,7 @@ alerts for one resource's pools costs one pass, not one each).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -102,7 +103,7 @@ class RollbackActions:
             by_resource[(ns, name)].append(sig)
         outcome = Outcome()
         wide = len(by_resource) > WIDE_REQUEST_RESOURCES
-        passes = asyncio.Semaphore(WIDE_REQUEST_PASSES if wide else len(by_resource) or 1)
+        passes = asyncio.Semaphore(WIDE_REQUEST_PASSES) if wide else contextlib.nullcontext()
 
         async def one(key: Key, sigs: list[AlertSignal]) -> None:
             async with passes:
