@@ -56,6 +56,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine")]
 import traffic  # noqa: E402  (tests/engine/traffic.py)
 
 from mtp_operator.api.tuning import DEFAULT_TRIAL_WINDOWS  # noqa: E402
+from mtp_operator.builders import STARTUP_BUDGET_S  # noqa: E402
 from mtp_operator.tuning.counters import pod_sample, window_counters  # noqa: E402
 from mtp_operator.tuning.decision import (  # noqa: E402
     TRIAL_EXTEND_FACTOR,
@@ -365,18 +366,26 @@ def switch_only(b: Bench, classes: list[str], candidates: list[int], ref: int, a
         pool.traffic(to_cls)
         log, trials, final = tune(b, pool, to_cls, policy, args.stay, args.max_windows,
                                   table, [])
-        stayed = len(log) >= args.stay and len({tuple(e["ks"]) for e in log[-args.stay:]}) == 1
         first = next((e["window"] for e in log if e["action"] == "start_trial"), None)
-        res["switch"] = {"from_class": from_cls, "to_class": to_cls, "start_k": start,
-                         "setup": setup, "first_trial_window": first, "final_k": final,
-                         "share": share(sw, final), "trials": trials, "stayed": stayed,
-                         "windows": log,
-                         "pass": share(sw, final) >= 0.95 and len(trials) <= 3 and stayed}
+        res["switch"] = {"from_class": from_cls, "to_class": to_cls, "setup": setup,
+                         "first_trial_window": first,
+                         **judge(sw, start, final, trials, log, args.stay)}
         write(res, out)
     finally:
         pool.stop()
     print(markdown(res))
     return 0 if res["switch"]["pass"] else 1
+
+
+def judge(sw: dict[int, dict[str, Any]], start: int, final: int, trials: list[int],
+          log: list[dict[str, Any]], stay: int) -> dict[str, Any]:
+    """One tuner run against the sweep: issue 13's bar is a K worth >= 95 % of the sweep's
+    best, reached within 3 trials, then no change of K over `stay` windows."""
+    stayed = len(log) >= stay and len({tuple(e["ks"]) for e in log[-stay:]}) == 1
+    out = {"start_k": start, "final_k": final, "share": share(sw, final), "trials": trials,
+           "stayed": stayed, "windows": log}
+    out["pass"] = out["share"] >= 0.95 and len(trials) <= 3 and stayed
+    return out
 
 
 def share(sw: dict[int, dict[str, Any]], k: int) -> float:
@@ -411,15 +420,16 @@ def markdown(res: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for cls, r in res["classes"].items():
-        t = r.get("tuner")
-        if t is None:
-            continue
+        runs = r.get("tuner_runs") or ([r["tuner"]] if "tuner" in r else [])
         best = r["sweep"][str(r["best_k"])]["ratio_to_ref"]
-        lines.append(
-            f"| {cls} | K={r['best_k']} ({best:.3f}) | {r['profile_share']:.1%} | "
-            f"K={t['final_k']}: {t['share']:.1%} | {len(t['trials'])} "
-            f"({', '.join(map(str, t['trials'])) or '-'}) | {'yes' if t['stayed'] else 'no'} | "
-            f"{'yes' if r['pass'] else 'no'} |")
+        for i, t in enumerate(runs):
+            name = f"{cls} (run {i + 1} of {len(runs)})" if len(runs) > 1 else cls
+            ok = t.get("pass", r.get("pass"))
+            lines.append(
+                f"| {name} | K={r['best_k']} ({best:.3f}) | {r['profile_share']:.1%} | "
+                f"K={t['final_k']}: {t['share']:.1%} | {len(t['trials'])} "
+                f"({', '.join(map(str, t['trials'])) or '-'}) | "
+                f"{'yes' if t['stayed'] else 'no'} | {'yes' if ok else 'no'} |")
     lines += ["", f"Sweep: output per engine CPU-second of K over K={res['profile_k']} in the "
               "same windows "
               "(median of the rounds):", "",
@@ -458,16 +468,17 @@ def write(res: dict[str, Any], out: Path) -> None:
 DEFAULT_ROUNDS = 3  # sweep windows per K and class
 
 
-def parse_rounds(text: str, classes: list[str]) -> dict[str, int]:
-    """--rounds: "N" for every class, or "class=N,..." (classes not named get
-    DEFAULT_ROUNDS)."""
+def parse_rounds(text: str, classes: list[str], default: int = DEFAULT_ROUNDS,
+                 flag: str = "--rounds") -> dict[str, int]:
+    """A count per class ("N" for every class, or "class=N,..."; classes not named get
+    `default`): --rounds (sweep windows per K) and --repeats (tuner runs)."""
     if "=" not in text:
         return {cls: int(text) for cls in classes}
-    out = dict.fromkeys(classes, DEFAULT_ROUNDS)
+    out = dict.fromkeys(classes, default)
     for part in text.split(","):
         cls, _, n = part.partition("=")
         if cls not in classes:
-            raise SystemExit(f"--rounds: {cls!r} is not one of --classes ({', '.join(classes)})")
+            raise SystemExit(f"{flag}: {cls!r} is not one of --classes ({', '.join(classes)})")
         out[cls] = int(n)
     return out
 
@@ -486,6 +497,10 @@ def main() -> int:
                     help="sweep windows per K and class: one number for every class, or per "
                     "class (e.g. unpredictable=12,predictable=3; a class not named gets "
                     f"{DEFAULT_ROUNDS})")
+    ap.add_argument("--repeats", default="1", metavar="N|CLASS=N,...",
+                    help="tuner runs per class, each from the profile table's K with no memory "
+                    "(one sweep serves them all): one number, or per class as --rounds (a "
+                    "class not named gets 1)")
     ap.add_argument("--stay", type=int, default=10, help="quiet windows that end a tuner run")
     ap.add_argument("--max-windows", type=int, default=40)
     ap.add_argument("--trial-windows", type=int, default=None,
@@ -506,6 +521,9 @@ def main() -> int:
     args = ap.parse_args()
     classes = args.classes.split(",")
     rounds = parse_rounds(args.rounds, classes)
+    repeats = parse_rounds(args.repeats, classes, 1, "--repeats")
+    if min(repeats.values()) < 1:
+        raise SystemExit("--repeats: every class needs at least one tuner run")
     candidates = [int(k) for k in args.candidates.split(",")]
     if args.vllm and args.model:
         vllm, model = Path(args.vllm), Path(args.model)
@@ -515,8 +533,11 @@ def main() -> int:
               not args.no_pin)
     revisit = args.stay if args.revisit is None else args.revisit
     trial_windows = args.trial_windows or DEFAULT_TRIAL_WINDOWS
+    # the operator's own allowance for a trial pod's start (tuning/settings.py): here the
+    # engine restart blocks before the next window, and it must not shorten the trial
     policy = Policy("Auto", tuple(candidates), args.min_gain, args.window, 10,
-                    revisit_seconds=revisit * args.window, trial_windows=trial_windows)
+                    revisit_seconds=revisit * args.window, trial_windows=trial_windows,
+                    startup_seconds=float(STARTUP_BUDGET_S))
     ref = DEFAULT_K if DEFAULT_K in candidates else max(candidates)
     out = Path(args.out)
     res: dict[str, Any] = {
@@ -526,7 +547,8 @@ def main() -> int:
         "settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens,
                      "window_s": args.window, "warmup_s": args.warmup,
                      "rounds": rounds[classes[0]] if len(set(rounds.values())) == 1 else rounds,
-                     "stay": args.stay, "min_gain": args.min_gain, "replicas": 2,
+                     "repeats": repeats, "stay": args.stay, "min_gain": args.min_gain,
+                     "replicas": 2,
                      "revisit_windows": revisit, "trial_windows": trial_windows,
                      "trial_extend_factor": TRIAL_EXTEND_FACTOR,
                      "worker_core_per_replica": not args.no_pin},
@@ -545,24 +567,26 @@ def main() -> int:
                                    "profile_share": share(sw, ref)}
         write(res, out)
         for cls in classes:
-            print(f"{cls}: tuner from K={ref}", flush=True)
-            pool.set_k(0, ref)
-            pool.set_k(1, ref)
-            pool.traffic(cls)
-            table, history = [], []
-            log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows,
-                                      table, history)
-            sw = sweeps[cls]
-            stayed = len(log) >= args.stay and len(
-                {tuple(e["ks"]) for e in log[-args.stay:]}) == 1
             r = res["classes"][cls]
-            r["tuner"] = {"start_k": ref, "final_k": final, "share": share(sw, final),
-                          "trials": trials, "stayed": stayed, "windows": log}
-            r["pass"] = r["tuner"]["share"] >= 0.95 and len(trials) <= 3 and stayed
-            write(res, out)
-            print(f"{cls}: best K={r['best_k']}; profile K={ref} {r['profile_share']:.1%}; "
-                  f"tuner K={final} {r['tuner']['share']:.1%} after {len(trials)} trials",
-                  flush=True)
+            r["tuner_runs"] = []
+            for rep in range(repeats[cls]):
+                # every repeat starts as a new pool would: the profile table's K on both
+                # replicas, a tuner with no memory (no table, no trials)
+                print(f"{cls}: tuner from K={ref} (run {rep + 1} of {repeats[cls]})", flush=True)
+                pool.set_k(0, ref)
+                pool.set_k(1, ref)
+                pool.traffic(cls)
+                table, history = [], []
+                log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows,
+                                          table, history)
+                run = judge(sweeps[cls], ref, final, trials, log, args.stay)
+                r["tuner_runs"].append(run)
+                r["tuner"] = r["tuner_runs"][0]
+                r["pass"] = all(t["pass"] for t in r["tuner_runs"])
+                write(res, out)
+                print(f"{cls}: best K={r['best_k']}; profile K={ref} {r['profile_share']:.1%}; "
+                      f"tuner K={final} {run['share']:.1%} after {len(trials)} trials "
+                      f"(run {rep + 1} of {repeats[cls]})", flush=True)
         if len(classes) > 1:
             # the traffic changes under a tuned pool: from the last class's tuned K, the first
             # class's traffic again; the tuner must move to that class's best K once more
@@ -572,17 +596,12 @@ def main() -> int:
             # the same tuner carries on: its table still holds the other class's windows
             log, trials, final = tune(b, pool, cls, policy, args.stay, args.max_windows,
                                       table, history)
-            sw = sweeps[cls]
-            stayed = len(log) >= args.stay and len(
-                {tuple(e["ks"]) for e in log[-args.stay:]}) == 1
             first = next((e["window"] for e in log if e["action"] == "start_trial"), None)
-            res["switch"] = {"from_class": classes[-1], "to_class": cls, "start_k": last,
+            res["switch"] = {"from_class": classes[-1], "to_class": cls,
                              "first_trial_window": first,
-                             "final_k": final, "share": share(sw, final), "trials": trials,
-                             "stayed": stayed, "windows": log,
-                             "pass": share(sw, final) >= 0.95 and len(trials) <= 3 and stayed}
+                             **judge(sweeps[cls], last, final, trials, log, args.stay)}
             write(res, out)
-            print(f"switch to {cls}: tuner K={last} -> K={final} {share(sw, final):.1%} "
+            print(f"switch to {cls}: tuner K={last} -> K={final} {share(sweeps[cls], final):.1%} "
                   f"after {len(trials)} trials", flush=True)
     finally:
         pool.stop()

@@ -70,13 +70,16 @@ def pool(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             c = r["classes"].get(cls)
             if not c or "tuner" not in c:
                 continue
-            t = c["tuner"]
-            final = t["final_k"]
-            share = table[final]["median"] / table[best]["median"] if final in table else None
-            tuned.append({"run": name, "final_k": final, "own_best_k": c["best_k"],
-                          "own_share": t["share"], "pooled_share": round(share, 4)
-                          if share is not None else None, "trials": t["trials"],
-                          "stayed": t["stayed"]})
+            reps = c.get("tuner_runs") or [c["tuner"]]  # --repeats: every tuner run
+            for i, t in enumerate(reps):
+                final = t["final_k"]
+                share = (table[final]["median"] / table[best]["median"] if final in table
+                         else None)
+                tuned.append({"run": name if len(reps) == 1 else f"{name} ({i + 1}/{len(reps)})",
+                              "final_k": final, "own_best_k": c["best_k"],
+                              "own_share": t["share"], "pooled_share": round(share, 4)
+                              if share is not None else None, "trials": t["trials"],
+                              "stayed": t["stayed"]})
         out["classes"][cls] = {"sweep": table, "best_k": best, "tuners": tuned}
     return out
 
