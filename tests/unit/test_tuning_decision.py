@@ -513,3 +513,32 @@ def test_seen_at_k0_keeps_only_fresh_k_windows_of_the_latest_traffic():
     assert seen_at_k0(comp, at0, 0.5 * SPAN) == [at0]
     assert seen_at_k0(comp, at0, 0) == comp  # 0: never
     assert seen_at_k0(comp, fresh_predictable, 0.5 * SPAN) == comp  # only at K=0
+
+
+def test_a_k_whose_trial_returned_is_not_recommended_from_windows_of_other_minutes():
+    """Seen on the real engines (bench/results/tuning-run8.md): K=4's canary returned at +4.4 %
+    over 12 windows paired with K=3's, then the recommendation named K=4 at +18.7 % from K=4's
+    windows against K=3's of other minutes, whose load differed. The paired verdict wins."""
+    t0 = T0.timestamp()
+    # K=4 truly 10 % better here (DEEP_WINS), but the machine was faster while the canary ran
+    canary = [measure(DEEP_WINS.window(4, t0 + i * SPAN, SPAN, 1, noise=0.8)) for i in range(3)]
+    beside = [measure(DEEP_WINS.window(3, t0 + i * SPAN, SPAN, 1, noise=0.8 * 1.08))
+              for i in range(3)]
+    later = [measure(DEEP_WINS.window(3, t0 + (3 + i) * SPAN, SPAN, 2, noise=1.0))
+             for i in range(2)]
+    table = canary + beside + later
+    returned = Trial(4, 3, T0, "canary", T0 + timedelta(seconds=3 * SPAN), "returned",
+                     "returned: K=4 vs K=3: median +2.0 % over 3 windows")
+    now = T0 + timedelta(seconds=5 * SPAN)
+    pol = policy([3, 4], max_trials_per_day=10)
+    without = decide(pol, 3, None, [], table, Guard(), now, 2)
+    assert without.recommended_k == 4  # the cross-minute estimate alone names K=4
+    d = decide(pol, 3, None, [returned], table, Guard(), now, 2)
+    assert d.recommended_k == 3 and d.action == "hold"
+    assert "K=4's trial against it returned" in d.reason and "+2.0 %" in d.reason
+    # an aborted trial said nothing of K=4's worth: the estimate stands
+    aborted = Trial(4, 3, T0, "canary", T0 + timedelta(seconds=3 * SPAN), "aborted", "alert")
+    assert decide(pol, 3, None, [aborted], table, Guard(), now, 2).recommended_k == 4
+    # a trial that ended before the windows that count (another traffic regime) says nothing
+    old = Trial(4, 3, T0 - timedelta(days=2), "canary", T0 - timedelta(days=2), "returned")
+    assert decide(pol, 3, None, [old], table, Guard(), now, 2).recommended_k == 4

@@ -185,6 +185,19 @@ def recommend(
     )
 
 
+def refused_by_trial(
+    history: Sequence[Trial], k: int, running_k: int, since: float
+) -> Trial | None:
+    """The latest trial of K from `running_k` that returned after `since` (the oldest window
+    that still counts, epoch seconds): its paired windows already said K is not `minGain`
+    better, and they outrank estimates from windows of different times. An aborted trial
+    said nothing of K's worth."""
+    lost = [t for t in history if t.k == k and t.from_k == running_k
+            and t.outcome == "returned" and t.ended is not None
+            and t.ended.timestamp() >= since]
+    return max(lost, key=lambda t: t.ended) if lost else None  # type: ignore[arg-type,return-value]
+
+
 def next_trial(
     table: Sequence[Measurement], candidates: Sequence[int], ests: Sequence[Estimate],
     min_gain: float, skip: frozenset[int] = frozenset(),
@@ -355,6 +368,16 @@ def decide(
     cands = tuple(sorted(set(policy.candidates) | {running_k}))
     ests, fit = estimates(comp, cands)
     rec, why = recommend(ests, running_k, policy.min_gain)
+    lost = (refused_by_trial(history, rec, running_k, min(m.start for m in comp))
+            if rec is not None and rec != running_k and comp else None)
+    if lost is not None:
+        # the trial compared K with the incumbent over the same windows; the estimate compares
+        # windows of different minutes, whose load differs (bench/results/tuning-run8.md:
+        # +18.7 % across minutes against +4.4 % over the trial's 12 paired windows)
+        why = (f"K={running_k} stays: K={lost.k}'s trial against it {lost.outcome} "
+               f"({lost.reason or 'no reason recorded'}); across other windows it reads "
+               f"{why}")
+        rec = running_k
     base = Decision("hold", running_k, None, None, rec, why, tuple(ests), fit)
     if trial is not None:  # still waiting for its window
         return _with(base, verdict.reason)
