@@ -259,32 +259,57 @@ class Pool:
 
 
 def sweep(b: Bench, classes: list[str], candidates: list[int], ref: int,
-          rounds: dict[str, int], pool: Pool) -> dict[str, dict[int, dict[str, Any]]]:
+          rounds: dict[str, int], pool: Pool,
+          blocks: int = 1) -> dict[str, dict[int, dict[str, Any]]]:
     """Each K on replica 1 beside the reference K on replica 0, every class, same windows:
     the ratio of their output tokens/s is what the machine's changing load cannot move.
-    `rounds` is the number of windows per K for each class."""
+    `rounds` is the number of windows per K for each class. With `blocks` > 1 each K's rounds
+    are cut into that many blocks and the Ks are visited in turn, forwards then backwards
+    (K=0..4, 4..0, ...): a slow drift of the machine's state over the sweep then falls on
+    every K alike instead of on whichever K was measured last (run 8: the same pair K=0/K=1
+    read +13.8 % from two sweep blocks minutes apart and +5 % over the trial's paired
+    windows)."""
+    others = [c for c in candidates if c != ref]
+    ratios: dict[tuple[str, int], list[float]] = {}
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+
+    def measure_k(k: int, cls: str, n: int) -> None:
+        for _ in range(n):
+            ms = pool.window()
+            if k in ms and ref in ms:
+                ratios.setdefault((cls, k), []).append(
+                    ms[k].output_tps / ms[ref].output_tps if k != ref else 1.0)
+                rows.setdefault((cls, k), []).append(
+                    {"k": row(ms[k], pool.wall.get(k)), "ref": row(ms[ref], pool.wall.get(ref))})
+
+    for i in range(blocks):
+        for k in others if i % 2 == 0 else others[::-1]:
+            pool.set_k(1, k)
+            for cls in classes:
+                pool.traffic(cls)
+                # block i's share of the class's rounds (the first blocks take the remainder)
+                n = rounds[cls] // blocks + (1 if i < rounds[cls] % blocks else 0)
+                measure_k(k, cls, n)
+                print(f"  sweep {cls} K={k} block {i + 1}/{blocks}: "
+                      f"{', '.join(f'{x:.3f}' for x in ratios.get((cls, k), []))}", flush=True)
+    pool.set_k(1, ref)  # the reference beside itself: its rows, ratio 1 by definition
+    for cls in classes:
+        pool.traffic(cls)
+        measure_k(ref, cls, rounds[cls] if blocks == 1 else 1)
     out: dict[str, dict[int, dict[str, Any]]] = {cls: {} for cls in classes}
-    for k in [c for c in candidates if c != ref] + [ref]:
-        pool.set_k(1, k)
-        for cls in classes:
-            pool.traffic(cls)
-            ratios, rows = [], []
-            for _ in range(rounds[cls]):
-                ms = pool.window()
-                if k in ms and ref in ms:
-                    ratios.append(ms[k].output_tps / ms[ref].output_tps if k != ref else 1.0)
-                    rows.append({"k": row(ms[k], pool.wall.get(k)),
-                                 "ref": row(ms[ref], pool.wall.get(ref))})
-            ratio = statistics.median(ratios) if ratios else 0.0  # one noisy window moves a mean
-            wall = [r["k"]["wall_output_tps"] / r["ref"]["wall_output_tps"] for r in rows
+    for cls in classes:
+        for k in [*others, ref]:
+            rs, ws = ratios.get((cls, k), []), rows.get((cls, k), [])
+            ratio = statistics.median(rs) if rs else 0.0  # one noisy window moves a mean
+            wall = [r["k"]["wall_output_tps"] / r["ref"]["wall_output_tps"] for r in ws
                     if r["k"]["wall_output_tps"] and r["ref"]["wall_output_tps"]]
-            out[cls][k] = {"ratio_to_ref": round(ratio, 4), "windows": rows,
+            out[cls][k] = {"ratio_to_ref": round(ratio, 4), "windows": ws,
                            "wall_ratio_to_ref": round(statistics.median(wall), 4) if wall else None,
                            "output_tokens_per_cpu_s": round(sum(
-                               r["k"]["output_tokens_per_cpu_s"] for r in rows)
-                                               / max(len(rows), 1), 2)}
+                               r["k"]["output_tokens_per_cpu_s"] for r in ws)
+                                               / max(len(ws), 1), 2)}
             print(f"  sweep {cls} K={k}: {ratio:.3f} x K={ref} "
-                  f"({', '.join(f'{x:.3f}' for x in ratios)})", flush=True)
+                  f"({', '.join(f'{x:.3f}' for x in rs)})", flush=True)
     return out
 
 
@@ -342,7 +367,7 @@ def switch_only(b: Bench, classes: list[str], candidates: list[int], ref: int, a
     pool = Pool(b, (ref, ref), to_cls)
     try:
         print(f"sweep {to_cls}", flush=True)
-        sw = sweep(b, [to_cls], candidates, ref, rounds, pool)[to_cls]
+        sw = sweep(b, [to_cls], candidates, ref, rounds, pool, args.sweep_blocks)[to_cls]
         best = max(sw, key=lambda k: sw[k]["ratio_to_ref"])
         res["classes"][to_cls] = {"sweep": {str(k): v for k, v in sw.items()}, "best_k": best,
                                   "profile_share": share(sw, ref)}
@@ -438,7 +463,7 @@ def markdown(res: dict[str, Any]) -> str:
     for cls, r in res["classes"].items():
         lines.append(f"| {cls} | " + " | ".join(
             f"{r['sweep'][str(k)]['ratio_to_ref']:.3f}" for k in res["candidates"])
-            + f" | {len(r['sweep'][str(res['profile_k'])]['windows'])} |")
+            + f" | {max(len(v['windows']) for v in r['sweep'].values())} |")
     sw = res.get("switch")
     if sw:
         if sw.get("setup"):
@@ -497,6 +522,10 @@ def main() -> int:
                     help="sweep windows per K and class: one number for every class, or per "
                     "class (e.g. unpredictable=12,predictable=3; a class not named gets "
                     f"{DEFAULT_ROUNDS})")
+    ap.add_argument("--sweep-blocks", type=int, default=1, metavar="B",
+                    help="cut each K's sweep rounds into B blocks and visit the Ks in turn, "
+                    "forwards then backwards, so that a drift of the machine falls on every K "
+                    "alike (default 1: each K's rounds in one block, as runs 1-8)")
     ap.add_argument("--repeats", default="1", metavar="N|CLASS=N,...",
                     help="tuner runs per class, each from the profile table's K with no memory "
                     "(one sweep serves them all): one number, or per class as --rounds (a "
@@ -547,8 +576,8 @@ def main() -> int:
         "settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens,
                      "window_s": args.window, "warmup_s": args.warmup,
                      "rounds": rounds[classes[0]] if len(set(rounds.values())) == 1 else rounds,
-                     "repeats": repeats, "stay": args.stay, "min_gain": args.min_gain,
-                     "replicas": 2,
+                     "repeats": repeats, "sweep_blocks": args.sweep_blocks, "stay": args.stay,
+                     "min_gain": args.min_gain, "replicas": 2,
                      "revisit_windows": revisit, "trial_windows": trial_windows,
                      "trial_extend_factor": TRIAL_EXTEND_FACTOR,
                      "worker_core_per_replica": not args.no_pin},
@@ -559,7 +588,7 @@ def main() -> int:
     pool = Pool(b, (ref, ref), classes[0])
     try:
         print("sweep", flush=True)
-        sweeps = sweep(b, classes, candidates, ref, rounds, pool)
+        sweeps = sweep(b, classes, candidates, ref, rounds, pool, args.sweep_blocks)
         for cls in classes:
             sw = sweeps[cls]
             best = max(sw, key=lambda k: sw[k]["ratio_to_ref"])
