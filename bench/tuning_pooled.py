@@ -68,9 +68,8 @@ def pool(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         tuned = []
         for name, r in runs:
             c = r["classes"].get(cls)
-            if not c or "tuner" not in c:
-                continue
-            reps = c.get("tuner_runs") or [c["tuner"]]  # --repeats: every tuner run
+            # every tuner run: `tuner_runs` (--repeats), or the one `tuner` of runs 1-7
+            reps = (c.get("tuner_runs") or ([c["tuner"]] if "tuner" in c else [])) if c else []
             for i, t in enumerate(reps):
                 final = t["final_k"]
                 share = (table[final]["median"] / table[best]["median"] if final in table

@@ -374,7 +374,7 @@ def decide(
         # the trial compared K with the incumbent over the same windows; the estimate compares
         # windows of different minutes, whose load differs (bench/results/tuning-run8.md:
         # +18.7 % across minutes against +4.4 % over the trial's 12 paired windows)
-        why = (f"K={running_k} stays: K={lost.k}'s trial against it {lost.outcome} "
+        why = (f"K={running_k} stays: K={lost.k}'s trial against it returned "
                f"({lost.reason or 'no reason recorded'}); across other windows it reads "
                f"{why}")
         rec = running_k
