@@ -95,6 +95,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--evaluator-args", default="", help="for bench/scale_evaluator.py, e.g. '--resources 50'"
     )
     p.add_argument("--rewrite", action="store_true", help="only rewrite README.md from scale.json")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="py-spy the operator through each rollout round (raw stacks in DIR; the summary "
+        "goes into scale.json as rollout_profiles)",
+    )
     return p.parse_args(argv)
 
 

@@ -23,6 +23,7 @@ import yaml
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.apps_v1 import Deployment
 from machine_info import machine
+from profiling import PhaseProfile
 from scale_cluster import (
     Tracker,
     apply_all,
@@ -75,6 +76,8 @@ class Bench:
         self.sa_kubeconfig = self.work / "operator.kubeconfig"
         self.operator: OperatorProcess | None = None
         self.result: dict[str, Any] = {}
+        self.round = 0
+        self.profiles: dict[str, Any] = {}  # --profile DIR: py-spy of the operator per round
 
     # -- helpers
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
@@ -203,12 +206,16 @@ class Bench:
         watch = asyncio.create_task(tracker.run(client, MTPInferenceResource, OP_NS))
         docs = [resource_doc(n) for n in names]
         log(f"operator: applying {len(docs)} MTPInferences")
-        with Phase(self, "operator") as ph:
+        profile = getattr(self.args, "profile", None)
+        raw = profile / f"rollout-round{self.round + 1}.collapsed" if profile else None
+        with PhaseProfile(op.proc.pid, raw) as prof, Phase(self, "operator") as ph:
             t0 = time.monotonic()
             await apply_all(client, docs, self.args.concurrency)
             applied = time.monotonic() - t0
             await tracker.wait(set(names), self.args.timeout, "MTPInferences Ready")
         watch.cancel()
+        if raw is not None:
+            self.profiles[f"round{self.round + 1}"] = prof.result
         deps = json.loads(self.kubectl("get", "deployments", "-n", OP_NS, "-o", "json"))["items"]
         per_owner = Counter(d["metadata"]["ownerReferences"][0]["name"] for d in deps)
         self.op_phase = ph
@@ -316,6 +323,7 @@ class Bench:
         rounds = []
         try:
             for i in range(self.args.rounds):
+                self.round = i
                 await self.floor(client, names)
                 if i == 0:
                     self.baseline()
@@ -327,6 +335,9 @@ class Bench:
                      "operator_writes": self.result["operator"]["writes"],
                      "operator_peak_rss_mib": self.result["operator"]["operator_peak_rss_mib"],
                      "operator_cpu_seconds": self.result["operator"]["operator_cpu_seconds"],
+                     # by process, so a round that differs shows where (not only the last's)
+                     "cpu_seconds": {"floor": self.result["floor"]["cpu_seconds"],
+                                     "operator": self.result["operator"]["cpu_seconds"]},
                      "other_load_cpu_seconds": {
                          "floor": self.result["floor"]["cpu_seconds"]["other_processes"],
                          "operator": self.result["operator"]["cpu_seconds"]["other_processes"]}}
@@ -338,6 +349,8 @@ class Bench:
         finally:
             await client.close()
         self.result["rounds"] = rounds
+        if self.profiles:
+            self.result["rollout_profiles"] = self.profiles
 
     def run(self) -> dict[str, Any]:
         a = self.args

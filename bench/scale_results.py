@@ -68,11 +68,55 @@ def _writes_rows(r: dict[str, Any]) -> list[str]:
         f"| minimum carrying the same information: one apply per Deployment and Service, two "
         f"status writes per resource | {w['minimum']} | |",
         "| ratio writes / minimum, each round (failed requests included; without them) | "
-        + ", ".join(f"{x['ratio']:.3f}x ({x.get('ratio_succeeded', x['ratio']):.3f}x)"
-                    for x in rounds)
+        + ", ".join(
+            f"{x['ratio']:.3f}x ({x.get('ratio_succeeded', x['ratio']):.3f}x)" for x in rounds
+        )
         + f" | <= {TARGET_WRITES}x: {_mark(worst <= TARGET_WRITES)} |",
         f"| Events posted during the rollout (last round) | {w['events']} | |",
     ]
+
+
+def _cpu_rows(r: dict[str, Any]) -> list[str]:
+    """CPU-s by process in every round (runs before 2026-12-03 kept only the last round's)."""
+    rounds = [x["cpu_seconds"] for x in r["rounds"] if "cpu_seconds" in x]
+    if not rounds:
+        return []
+
+    def one(c: Mapping[str, float], keys: tuple[str, ...]) -> str:
+        return " / ".join(f"{c.get(k, 0):.1f}" for k in keys)
+
+    op_keys = ("machine_total", "operator", "kube-apiserver", "etcd")
+    fl_keys = ("machine_total", "kube-apiserver", "etcd")
+    return [
+        "| CPU-s per round, operator phase (machine / operator / kube-apiserver / etcd); floor "
+        "(machine / kube-apiserver / etcd) | "
+        + "; ".join(
+            f"round {i + 1}: {one(c['operator'], op_keys)}; {one(c['floor'], fl_keys)}"
+            for i, c in enumerate(rounds)
+        )
+        + " | |"
+    ]
+
+
+def _profile_lines(r: dict[str, Any]) -> list[str]:
+    """The operator's py-spy profile per rollout round (`--profile DIR`)."""
+    profiles = r.get("rollout_profiles") or {}
+    out: list[str] = []
+    for name, prof in profiles.items():
+        spy = prof.get("py_spy")
+        if not spy:
+            continue
+        if not out:
+            out = ["## Where the operator's CPU went in the rollout (py-spy, `--profile`)", ""]
+        areas = ", ".join(f"{a['area']} {a['share']:.0%}" for a in spy["by_area"][:8])
+        top = ", ".join(f"{f['function']} ({f['file']}) {f['share']:.1%}" for f in spy["self"][:8])
+        ours = ", ".join(f"{f['function']} {f['share']:.1%}" for f in spy["inclusive"][:8])
+        out += [
+            f"- {name}: {spy['cpu_s']} CPU-s sampled; by library (self): {areas}",
+            f"  - top functions (self): {top}",
+            f"  - our functions (inclusive): {ours}",
+        ]
+    return [*out, ""] if out else []
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -126,6 +170,7 @@ def markdown(r: dict[str, Any]) -> str:
             if "other_load_cpu_seconds" in x
         )
         + " | |",
+        *_cpu_rows(r),
         *_writes_rows(r),
         f"| operator CPU during the run | {op['operator_cpu_seconds']} s | |",
         f"| operator peak RSS (VmHWM, whole life so far; restart: "
@@ -186,6 +231,7 @@ def markdown(r: dict[str, Any]) -> str:
         + ".",
         "",
     ]
+    lines += _profile_lines(r)
     lines += ["## Notes", "", *[f"- {n}" for n in r.get("notes") or NOTES], ""]
     lines += [
         "## Machine",
