@@ -542,3 +542,30 @@ def test_a_k_whose_trial_returned_is_not_recommended_from_windows_of_other_minut
     # a trial that ended before the windows that count (another traffic regime) says nothing
     old = Trial(4, 3, T0 - timedelta(days=2), "canary", T0 - timedelta(days=2), "returned")
     assert decide(pol, 3, None, [old], table, Guard(), now, 2).recommended_k == 4
+
+
+def test_a_recommended_k_measured_without_a_trial_is_tried_once():
+    """Seen on the real engines (bench/results/tuning-run9.md): after a switch of traffic the
+    first window had a K=4 canary left from a trial cut short; K=1 was tried and adopted, and
+    then K=4 stayed recommended at +50 % while the pool held K=1, because rules a-d only try
+    Ks with no comparable window. The recommended K is tried, once."""
+    t0 = T0.timestamp()
+    table = [measure(DEEP_WINS.window(k, t0 + i * SPAN, SPAN, 1))
+             for i, k in enumerate([0, 4, 1, 1])]
+    adopted = Trial(1, 0, T0 + timedelta(seconds=2 * SPAN - 1), "canary",
+                    T0 + timedelta(seconds=4 * SPAN), "adopted", "adopted: K=1 vs K=0")
+    now = T0 + timedelta(seconds=5 * SPAN + 1)
+    pol = policy(range(5), max_trials_per_day=10)
+    d = decide(pol, 1, None, [adopted], table, Guard(), now, 2)
+    assert d.recommended_k == 4 == best_k(DEEP_WINS, range(5))
+    assert d.action == "start_trial" and d.trial_k == 4
+    assert "never tried" in d.reason
+    # its verdict ends it: a returned trial of K=4 from K=1 is not tried again in this traffic
+    returned = Trial(4, 1, now, "canary", now + timedelta(seconds=SPAN), "returned",
+                     "returned: K=4 vs K=1: median +1.0 % over 3 windows")
+    later = now + timedelta(seconds=3 * SPAN)
+    d = decide(pol, 1, None, [adopted, returned], table, Guard(), later, 2)
+    assert d.action == "hold" and d.recommended_k == 1
+    # an aborted trial of it (an alert) waits a day, as rules a-d do
+    aborted = Trial(4, 1, now, "canary", now + timedelta(seconds=SPAN), "aborted", "alert")
+    assert decide(pol, 1, None, [adopted, aborted], table, Guard(), later, 2).trial_k != 4

@@ -41,6 +41,9 @@ Rules, in order:
       second point for the step-cost line, as far as possible for a well-conditioned fit);
    c. the best untried estimate, if it beats the best measured K by `minGain`;
    d. K = 0 if untried: its step cost has no drafter in it and is never extrapolated.
+   Before a-d: the recommended K, when it is measured in this regime but no trial of it
+   ended there (`untried_recommendation`: windows of a trial cut short, or measured before
+   the traffic changed); a-d only try unmeasured Ks, so it would otherwise never run.
    A K with a comparable measurement is never tried again in the same regime: every K is
    tried at most once per traffic regime, so K cannot oscillate. A K whose trial was aborted
    (a rollback, or no window at it within the pods' start-up allowance and three windows) is
@@ -196,6 +199,27 @@ def refused_by_trial(
             and t.outcome == "returned" and t.ended is not None
             and t.ended.timestamp() >= since]
     return max(lost, key=lambda t: t.ended) if lost else None  # type: ignore[arg-type,return-value]
+
+
+def untried_recommendation(
+    history: Sequence[Trial], comp: Sequence[Measurement], rec: int | None, running_k: int,
+    skip: frozenset[int] = frozenset(),
+) -> tuple[int | None, str]:
+    """Rule 5's first choice: the recommended K when it has comparable windows but no trial
+    of it ended while they count (its windows came from a trial cut short before its verdict,
+    or it was measured beside another K before the traffic changed). Rules a-d only try
+    unmeasured Ks, so such a K would stay recommended and never run (bench/results/
+    tuning-run9.md: K=4 recommended at +50 % from the first window after a traffic switch,
+    and the pool held K=1). Once per K and regime, like every trial: after its verdict the
+    trial is in `history` (returned: `refused_by_trial` keeps it from being recommended)."""
+    if rec is None or rec == running_k or rec in skip or not comp:
+        return None, ""
+    if not any(m.k == rec for m in comp):
+        return None, ""
+    since = min(m.start for m in comp)
+    if any(t.k == rec and (t.ended or t.started).timestamp() >= since for t in history):
+        return None, ""
+    return rec, f"the recommended K={rec} is measured here but was never tried"
 
 
 def next_trial(
@@ -395,7 +419,9 @@ def decide(
     if last_end is not None and now - last_end < settle:
         return _with(base, f"{why}; settling after the last trial")
     aborted = frozenset(t.k for t in recent if t.outcome == "aborted")
-    k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain, aborted)
+    k, reason = untried_recommendation(history, comp, rec, running_k, aborted)
+    if k is None:
+        k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain, aborted)
     if k is None or k == running_k:
         return _with(base, f"{why}; {reason}")
     kind: TrialKind = "canary" if replicas >= 2 else "pool"
