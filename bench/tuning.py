@@ -354,6 +354,12 @@ def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows:
         quiet = 0 if d.action != "hold" or trial else quiet + 1
         if quiet >= stay:
             break
+    if trial is not None:
+        # --max-windows cut a trial short: its canary goes back to the pool's K, so that what
+        # runs next (another tuner run, the traffic switch) starts from the pool alone (run 9's
+        # switch began with run 3's K=4 canary still running beside K=0)
+        print(f"  tuner {cls}: trial of K={trial.k} cut short at --max-windows", flush=True)
+        pool.set_k(1, running)
     return log, trials, running
 
 
