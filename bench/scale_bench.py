@@ -76,7 +76,6 @@ class Bench:
         self.sa_kubeconfig = self.work / "operator.kubeconfig"
         self.operator: OperatorProcess | None = None
         self.result: dict[str, Any] = {}
-        self.round = 0
         self.profiles: dict[str, Any] = {}  # --profile DIR: py-spy of the operator per round
 
     # -- helpers
@@ -197,7 +196,7 @@ class Bench:
         self.baseline_phase = ph
         self.result["baseline"] = ph.summary()
 
-    async def operator_phase(self, client: AsyncClient, names: list[str]) -> None:
+    async def operator_phase(self, client: AsyncClient, names: list[str], round_no: int) -> None:
         self.kubectl("create", "namespace", OP_NS)
         t0 = time.monotonic()
         op = self.start_operator()
@@ -206,16 +205,17 @@ class Bench:
         watch = asyncio.create_task(tracker.run(client, MTPInferenceResource, OP_NS))
         docs = [resource_doc(n) for n in names]
         log(f"operator: applying {len(docs)} MTPInferences")
-        profile = getattr(self.args, "profile", None)
-        raw = profile / f"rollout-round{self.round + 1}.collapsed" if profile else None
-        with PhaseProfile(op.proc.pid, raw) as prof, Phase(self, "operator") as ph:
+        profile = self.args.profile
+        raw = profile / f"rollout-round{round_no}.collapsed" if profile else None
+        spy = PhaseProfile(op.proc.pid, raw) if raw else contextlib.nullcontext()
+        with spy, Phase(self, "operator") as ph:
             t0 = time.monotonic()
             await apply_all(client, docs, self.args.concurrency)
             applied = time.monotonic() - t0
             await tracker.wait(set(names), self.args.timeout, "MTPInferences Ready")
         watch.cancel()
-        if raw is not None:
-            self.profiles[f"round{self.round + 1}"] = prof.result
+        if isinstance(spy, PhaseProfile):
+            self.profiles[f"round{round_no}"] = spy.result
         deps = json.loads(self.kubectl("get", "deployments", "-n", OP_NS, "-o", "json"))["items"]
         per_owner = Counter(d["metadata"]["ownerReferences"][0]["name"] for d in deps)
         self.op_phase = ph
@@ -323,12 +323,11 @@ class Bench:
         rounds = []
         try:
             for i in range(self.args.rounds):
-                self.round = i
                 await self.floor(client, names)
                 if i == 0:
                     self.baseline()
                 log(f"floor namespace deleted in {self.delete_namespace(FLOOR_NS):.0f}s")
-                await self.operator_phase(client, names)
+                await self.operator_phase(client, names, i + 1)
                 rounds.append(
                     {"floor_seconds": self.result["floor"]["seconds"],
                      "operator_seconds": self.result["operator"]["seconds"],

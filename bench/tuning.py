@@ -54,6 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine")]
 
 import traffic  # noqa: E402  (tests/engine/traffic.py)
+from tuning_pooled import tuner_runs  # noqa: E402  (bench/, beside this file)
 
 from mtp_operator.api.tuning import DEFAULT_TRIAL_WINDOWS  # noqa: E402
 from mtp_operator.builders import STARTUP_BUDGET_S  # noqa: E402
@@ -417,11 +418,6 @@ def judge(sw: dict[int, dict[str, Any]], start: int, final: int, trials: list[in
            "stayed": stayed, "windows": log}
     out["pass"] = out["share"] >= 0.95 and len(trials) <= 3 and stayed
     return out
-
-
-def tuner_runs(c: dict[str, Any]) -> list[dict[str, Any]]:
-    """A class's tuner runs: `tuner_runs` (--repeats), or the one `tuner` of runs 1-7."""
-    return c.get("tuner_runs") or ([c["tuner"]] if "tuner" in c else [])
 
 
 def share(sw: dict[int, dict[str, Any]], k: int) -> float:

@@ -27,6 +27,11 @@ from typing import Any
 SAME = ("concurrency", "max_tokens", "window_s", "replicas", "worker_core_per_replica")
 
 
+def tuner_runs(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """A class's tuner runs: `tuner_runs` (--repeats), or the one `tuner` of runs 1-7."""
+    return c.get("tuner_runs") or ([c["tuner"]] if "tuner" in c else [])
+
+
 def ratios(sweep_k: dict[str, Any]) -> list[float]:
     """One K's sweep rounds as ratios to the reference K in the same window."""
     return [w["k"]["output_tokens_per_cpu_s"] / w["ref"]["output_tokens_per_cpu_s"]
@@ -68,8 +73,7 @@ def pool(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         tuned = []
         for name, r in runs:
             c = r["classes"].get(cls)
-            # every tuner run: `tuner_runs` (--repeats), or the one `tuner` of runs 1-7
-            reps = (c.get("tuner_runs") or ([c["tuner"]] if "tuner" in c else [])) if c else []
+            reps = tuner_runs(c) if c else []
             for i, t in enumerate(reps):
                 final = t["final_k"]
                 share = (table[final]["median"] / table[best]["median"] if final in table
