@@ -156,15 +156,21 @@ def py_spy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
+def require_py_spy() -> str:
+    """py-spy's path, or exit saying how to get it (`--profile` checks this up front too)."""
+    exe = py_spy()
+    if exe is None:
+        raise SystemExit("--profile needs py-spy: pip install py-spy (make bench installs it)")
+    return exe
+
+
 SPY_RATE = 200  # samples a second
 
 
 def spy_command(raw_path: Path, rate: int = SPY_RATE) -> list[str]:
     """`py-spy record` writing raw (collapsed) stacks to `raw_path`; add `--pid N`, or `--`
     and a command to start under it."""
-    exe = py_spy()
-    if exe is None:
-        raise SystemExit("--profile needs py-spy: pip install py-spy (make bench installs it)")
+    exe = require_py_spy()
     raw_path.parent.mkdir(parents=True, exist_ok=True)
     return [exe, "record", "--format", "raw", "--rate", str(rate), "--nonblocking",
             "--full-filenames", "-o", str(raw_path)]

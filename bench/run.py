@@ -55,7 +55,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from profiling import py_spy
+from profiling import require_py_spy
 from scale_bench import Bench
 from scale_common import REPO
 from scale_results import markdown, write_results
@@ -112,9 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rewrite:  # README.md again from scale.json (after editing the text here)
         write_results(json.loads((args.out / "scale.json").read_text()), args.out)
         return 0
-    if args.profile is not None and not args.skip_rollout and py_spy() is None:
-        # say so now, not after the floor phase has run for minutes
-        raise SystemExit("--profile needs py-spy: pip install py-spy (make bench installs it)")
+    if args.profile is not None and not args.skip_rollout:
+        require_py_spy()  # now, not after the floor phase has run for minutes
     # stop cleanly (sandbox down, operator stopped) however we are told to stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
