@@ -21,6 +21,23 @@ REASON_MANUAL_CHANGE_REVERTED = "ManualChangeReverted"
 REASON_SPECULATION_ROLLED_BACK = "SpeculationRolledBack"
 # a spec that cannot be served: the Degraded condition's reason, as the Event's
 BLOCKED_REASONS = (REASON_INVALID_SPEC, REASON_NO_FITTING_NODES)
+# the longest message an Event carries (kube.KubeClient.event cuts a longer one)
+MESSAGE_LIMIT = 1024
+POOL_SEPARATOR = "; "
+
+
+def pool_messages(messages: Sequence[str], limit: int = MESSAGE_LIMIT) -> list[str]:
+    """The messages of one reason's pools, joined into as few Event messages as fit `limit`
+    each, in order: a rollout of four pools is one PoolCreated Event naming the four (one
+    Event per pool was a third of the API requests a large rollout made besides the
+    writes themselves), and no pool's message is cut to make room for another's."""
+    out: list[str] = []
+    for message in messages:
+        if out and len(out[-1]) + len(POOL_SEPARATOR) + len(message) <= limit:
+            out[-1] += POOL_SEPARATOR + message
+        else:
+            out.append(message)
+    return out
 
 
 def pool_created(plan: PoolPlan, deployment: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 # K used for a GPU no table entry names (the field report's "others → 3").
@@ -108,6 +109,7 @@ def product_kind_label(product: str) -> str:
     return family + (suffix.group(1) if suffix else "")
 
 
+@lru_cache(maxsize=1024)  # a cluster has a handful of products; every pass asks per pool
 def product_family(product: str) -> str | None:
     """The family token of a GFD product string (`NVIDIA-H100-80GB-HBM3` → `H100`), if known."""
     base = base_product(product)

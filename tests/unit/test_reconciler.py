@@ -13,6 +13,7 @@ import pytest
 
 from mtp_operator import builders
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
+from mtp_operator.control import pool_writes
 from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
 from mtp_operator.naming import ANNOTATION_COMMAND, ANNOTATION_GPU_PRODUCT
 from mtp_operator.reconcile_plan import Applied, pass_status, plan_pass
@@ -89,7 +90,11 @@ async def test_first_pass_creates_the_pools_then_a_quiet_pass_writes_nothing(clu
     pools = kube.deployments()
     assert {p: k_of(d) for p, d in pools.items()} == {H100: 6, L40S: 2}
     assert kube.count("apply") == 3  # the Service and two pools
-    assert kube.reasons() == ["PoolCreated", "PoolCreated"]
+    assert kube.reasons() == ["PoolCreated"]  # one Event naming both pools
+    message = kube.events[0][2]
+    for product, deployment in pools.items():
+        name = deployment["metadata"]["name"]
+        assert f"pool {product}: deployment {name}, K={k_of(deployment)} " in message
     status = kube.statuses[KEY]
     assert status["phase"] == "Progressing" and status["poolsSummary"] == "H100:6 L40S:2"
     assert kube.count("patch_status") == 1
@@ -105,11 +110,43 @@ async def test_first_pass_creates_the_pools_then_a_quiet_pass_writes_nothing(clu
     assert len(kube.calls) == calls, "a pass with nothing to do makes no API request"
 
 
+async def test_our_own_status_write_coming_back_is_no_news(cluster) -> None:
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)  # its last write is the status patch
+    view.deliver(kube)
+    body = view.resources[KEY]
+    assert body["metadata"]["resourceVersion"] == str(kube.rv)  # what the patch returned
+    assert rec.own_status_echo(KEY, body)
+    body["metadata"]["resourceVersion"] = str(kube.rv + 1)  # anyone's change after it
+    assert not rec.own_status_echo(KEY, body)
+    assert not rec.own_status_echo(("default", "never-reconciled"), body)
+
+
+async def test_a_pool_status_change_does_not_diff_the_pool_again(cluster, monkeypatch) -> None:
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    view.deliver(kube)
+    diffs = []
+    real = pool_writes.drifted_fields
+    monkeypatch.setattr(pool_writes, "drifted_fields",
+                        lambda want, have: diffs.append(1) or real(want, have))
+    await rec.reconcile(KEY)
+    assert len(diffs) == 2  # both pools, as the watch shows them
+    view.deliver(kube, ready=True)  # new copies; only the Deployments' status changed
+    await rec.reconcile(KEY)
+    assert len(diffs) == 2 and kube.statuses[KEY]["phase"] == "Ready"
+    view.deployments[KEY][H100]["spec"]["replicas"] = 5  # a hand edit
+    await rec.reconcile(KEY)
+    assert len(diffs) == 3 and kube.reasons()[-1] == "ManualChangeReverted"
+    assert kube.deployments()[H100]["spec"]["replicas"] == 1
+
+
 async def test_a_pass_before_the_watch_does_not_create_twice(cluster) -> None:
     kube, _view, rec = cluster
     await rec.reconcile(KEY)
     await rec.reconcile(KEY)  # no watch event delivered yet
-    assert kube.count("apply") == 3 and kube.reasons().count("PoolCreated") == 2
+    assert kube.count("apply") == 3 and kube.reasons().count("PoolCreated") == 1
+    assert kube.events[0][2].count("pool ") == 2
 
 
 async def test_a_spec_change_rolls_the_pools(cluster) -> None:
@@ -121,7 +158,9 @@ async def test_a_spec_change_rolls_the_pools(cluster) -> None:
     body["metadata"]["generation"] = 2
     await rec.reconcile(KEY)
     assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 3, L40S: 3}
-    assert kube.reasons()[-2:] == ["PoolUpdated", "PoolUpdated"]
+    assert kube.reasons() == ["PoolCreated", "PoolUpdated"]  # one Event a reason, a pass
+    assert kube.events[-1][2] == f"pool {H100}: K=3 (override: numSpeculativeTokens set in " \
+        f"the spec); pool {L40S}: K=3 (override: numSpeculativeTokens set in the spec)"
     assert kube.statuses[KEY]["observedGeneration"] == 2
 
 
@@ -237,8 +276,8 @@ async def test_the_pools_of_a_pass_are_written_at_once_and_their_events_follow()
     kube.gate.set()
     await task
     assert kube.most_in_flight == 2
-    assert kube.written_at_events == [2, 2], "each Event after both pools were written"
-    assert kube.reasons() == ["PoolCreated", "PoolCreated"]
+    assert kube.written_at_events == [2], "the Event after both pools were written"
+    assert kube.reasons() == ["PoolCreated"]
 
 
 async def test_one_failed_pool_write_does_not_stop_the_others(cluster) -> None:
@@ -255,7 +294,8 @@ async def test_one_failed_pool_write_does_not_stop_the_others(cluster) -> None:
     with pytest.raises(TransientReconcileError):
         await rec.reconcile(KEY)
     assert set(kube.deployments()) == {H100}
-    assert kube.reasons() == ["PoolCreated"]  # the pool that was written
+    assert kube.reasons() == ["PoolCreated"]  # the pool that was written, only
+    assert H100 in kube.events[0][2] and L40S not in kube.events[0][2]
     degraded = next(c for c in kube.statuses[KEY]["conditions"] if c["type"] == "Degraded")
     assert degraded["message"] == "500: etcd is away"
 

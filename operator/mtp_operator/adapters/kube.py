@@ -22,6 +22,7 @@ from lightkube.types import PatchType
 
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from mtp_operator.builders import FIELD_MANAGER
+from mtp_operator.events import MESSAGE_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class KubeClient:
                 resourceVersion=meta.get("resourceVersion"),
             ),
             reason=reason,
-            message=message[:1024],
+            message=message[:MESSAGE_LIMIT],
             type=type_,
             source=EventSource(component="mtp-operator"),
             firstTimestamp=now,

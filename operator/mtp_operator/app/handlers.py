@@ -29,6 +29,10 @@ from mtp_operator.planning import GPUNode, gpu_node_from_body
 log = logging.getLogger(__name__)
 
 OWNED = {LABEL_MANAGED_BY: MANAGED_BY}
+POD_KIND = ("v1", "pods")
+# the kinds watched only for objects we made (server-side label selector, see configure)
+WATCHED_OWNED = (("apps", "v1", "deployments"), ("v1", "services"), POD_KIND)
+RUNNING_PODS = "status.phase=Running"
 RESYNC_SECONDS = 30.0
 
 
@@ -144,7 +148,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         key = owner_key(body)
         return {key: True} if key else {}
 
-    @kopf.index("v1", "pods", labels=OWNED, id="pool_pod_index", registry=registry)
+    @kopf.index(*POD_KIND, labels=OWNED, id="pool_pod_index", registry=registry)
     async def pool_pod_index(namespace: str, name: str, labels: Any, status: Any, **_: Any):
         ready = any(
             c.get("type") == "Ready" and c.get("status") == "True"
@@ -160,10 +164,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         return {(namespace, name): True}
 
     @kopf.on.event(*mtpi, registry=registry)
-    async def resource_changed(event: dict, namespace: str, name: str, **kw: Any) -> None:
+    async def resource_changed(
+        event: dict, namespace: str, name: str, body: kopf.Body, **kw: Any
+    ) -> None:
         view.bind(kw)
         if event.get("type") == "DELETED":
             reconciler.forget((namespace, name))
+            return
+        if reconciler.own_status_echo((namespace, name), body):
             return
         await reconciler.reconcile_or_retry((namespace, name))
 
@@ -233,6 +241,15 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # for on.create/update/resume handlers and daemons. There are none here (see the module
     # doc), so nothing is built or stored: about a fifth of the operator's CPU at scale.
     settings.persistence.diffbase_storage = NoDiffBase()
+    # kopf filters `labels=` on the client: without these it would receive (and hold as
+    # memories) every Deployment, Service and pod of the cluster. The API server filters
+    # here, and only Running pods are watched: the pod index keeps only Ready pods, and a
+    # pod's Pending phase (scheduling, image pulls, container creation) is most of its
+    # watch events. A pod that leaves Running arrives as DELETED, and leaves the index.
+    owned = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+    for kind in WATCHED_OWNED:
+        settings.watching.label_selectors[kind] = owned
+    settings.watching.field_selectors[POD_KIND] = RUNNING_PODS
     # Our resources are known; no CRD/namespace scanning (and no RBAC for it).
     settings.scanning.disabled = True
     # Every handled event would otherwise log a line; real problems still log as warnings.

@@ -27,6 +27,7 @@ from mtp_operator.events import (
     REASON_POOL_UPDATED,
     manual_change_reverted,
     pool_created,
+    pool_messages,
     pool_removed,
     pool_retained,
     pool_updated,
@@ -117,6 +118,7 @@ class PoolWrites:
             dep = observed[fate.gpu_product]
             await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
             self.slot(key).pools.pop(fate.gpu_product, None)
+            self.slot(key).drift_memo.pop(fate.gpu_product, None)
             removed.append(fate.gpu_product)
             await self.kube.event(
                 body, REASON_POOL_REMOVED, pool_removed(fate.gpu_product, fate.message)
@@ -197,8 +199,9 @@ class PoolWrites:
     ) -> None:
         """Every pool that drifted, written at once (the pools of one resource are
         independent: a rollback of three pools waits for one round trip, not three), then
-        their Events, so no write waits behind an Event. The first failed write is raised
-        after the others' Events are posted."""
+        their Events, so no write waits behind an Event: one per reason, naming its pools
+        (events.pool_messages). The first failed write is raised after the Events of the
+        others are posted."""
         results = await asyncio.gather(
             *(
                 self._apply_pool(owner, obj, pool, observed_bodies.get(pool.gpu_product))
@@ -206,14 +209,40 @@ class PoolWrites:
             ),
             return_exceptions=True,
         )
+        by_reason: dict[tuple[str, str], list[str]] = {}
         for pool, result in zip(plan.pools, results, strict=True):
             if isinstance(result, tuple) and not (
                 result[0] == REASON_POOL_UPDATED and pool.gpu_product in announced
             ):
-                await self.kube.event(owner, *result)
+                reason, message, type_ = result
+                by_reason.setdefault((reason, type_), []).append(message)
+        for (reason, type_), messages in by_reason.items():
+            for message in pool_messages(messages):
+                await self.kube.event(owner, reason, message, type_)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+    def _drift(
+        self,
+        owner: Mapping[str, Any],
+        product: str,
+        desired: Mapping[str, Any],
+        observed: Mapping[str, Any],
+    ) -> list[str]:
+        """drifted_fields(desired, observed), reused while both are the same: most passes
+        of a rollout come from a pool's status changing, which leaves its spec and the
+        annotations drift reads as they were (compared whole, not by resourceVersion)."""
+        meta = owner.get("metadata") or {}
+        memos = self.slot((meta.get("namespace", ""), meta.get("name", ""))).drift_memo
+        spec = observed.get("spec")
+        annotations = (observed.get("metadata") or {}).get("annotations")
+        memo = memos.get(product)
+        if memo is not None and memo[0] is desired and memo[1] == spec and memo[2] == annotations:
+            return memo[3]
+        changed = drifted_fields(desired, observed)
+        memos[product] = (desired, spec, annotations, changed)
+        return changed
 
     async def _apply_pool(
         self,
@@ -224,7 +253,7 @@ class PoolWrites:
     ) -> tuple[str, str, str] | None:
         """Write one pool if it drifted; returns the Event (reason, message, type) to post."""
         if observed is not None:
-            changed = drifted_fields(desired, observed)
+            changed = self._drift(owner, plan.gpu_product, desired, observed)
             if not changed:
                 return None
             ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
