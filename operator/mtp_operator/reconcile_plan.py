@@ -193,5 +193,22 @@ def resource_version(body: Mapping[str, Any]) -> int:
         return 0
 
 
+def pool_inputs(deployment: Mapping[str, Any], observed: ObservedPool) -> tuple[Any, ...]:
+    """Everything a pass reads of a pool Deployment (`observed` is observe_deployment of
+    it): its counts, spec, labels, annotations, name and deletion. A watch event that
+    leaves these as the last pass saw them (a condition's reason, availableReplicas, the
+    controller's observedGeneration catching up with no count changing) cannot change
+    that pass's writes or status, so it brings no pass."""
+    meta = deployment.get("metadata") or {}
+    return (
+        observed,
+        deployment.get("spec"),
+        meta.get("labels"),
+        meta.get("annotations"),
+        meta.get("name"),
+        meta.get("deletionTimestamp"),
+    )
+
+
 def product_of(deployment: Mapping[str, Any]) -> str | None:
     return ((deployment.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_GPU_PRODUCT)

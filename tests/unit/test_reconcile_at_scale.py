@@ -165,8 +165,27 @@ async def test_a_pool_event_the_last_pass_saw_is_no_news() -> None:
     assert all(rec.pool_news(KEY, d) for d in pools.values())  # the first pass saw none
     await rec.reconcile(KEY)
     assert not any(rec.pool_news(KEY, d) for d in pools.values())  # ... this one all
-    newer = {**pools[H100], "metadata": {**pools[H100]["metadata"], "resourceVersion": "999"}}
-    assert rec.pool_news(KEY, newer)
+    seen = pools[H100]
+
+    def newer(**changes: object) -> dict:
+        body = {**seen, "metadata": {**seen["metadata"], "resourceVersion": "999"}}
+        for part, value in changes.items():
+            if part in ("labels", "annotations"):
+                body["metadata"] = {**body["metadata"], part: value}
+            else:
+                body[part] = value
+        return body
+
+    # a newer version whose counts, spec and metadata are as seen: a condition's reason,
+    # availableReplicas
+    quiet = {**seen["status"], "availableReplicas": 1,
+             "conditions": [{"type": "Available", "status": "True"}]}
+    assert not rec.pool_news(KEY, newer(status=quiet))
+    assert rec.pool_news(KEY, newer(status={**seen["status"], "readyReplicas": 0}))
+    assert rec.pool_news(KEY, newer(status={**seen["status"], "observedGeneration": 0}))
+    assert rec.pool_news(KEY, newer(spec={**seen["spec"], "replicas": 3}))
+    assert rec.pool_news(KEY, newer(labels={**seen["metadata"]["labels"], "x": "y"}))
+    assert rec.pool_news(KEY, newer(annotations={}))
     rec.forget(KEY)
 
 

@@ -31,6 +31,7 @@ from mtp_operator.reconcile_plan import (
     Applied,
     pass_status,
     plan_pass,
+    pool_inputs,
     product_of,
     resource_version,
     significant,
@@ -73,9 +74,10 @@ class _Slot:
     desired_memo: tuple[Any, list[dict[str, Any]]] | None = None  # (inputs, objects)
     last_error: str | None = None  # the last unexpected error (its traceback is logged once)
     canaries: dict[str, str] = field(default_factory=dict)  # GPU product → canary pod applied
-    # resourceVersion of each pool Deployment the last pass saw: a watch event with the same
-    # one brings nothing new (at start-up every pool's ADDED event would be a pass each)
-    seen_pools: dict[str, int] = field(default_factory=dict)
+    # per GPU product, the pool Deployment the last pass saw: (resourceVersion, pool_inputs).
+    # A watch event with the same version, or the same inputs, brings nothing new (at
+    # start-up every pool's ADDED event would be a pass each)
+    seen_pools: dict[str, tuple[int, tuple[Any, ...]]] = field(default_factory=dict)
     # the watched body's status object and its typed reading: the evaluator and the tuner ask
     # for every resource's status each round, and a watch event brings a new object each
     # time (the models are frozen, so the reading can be shared)
@@ -192,7 +194,11 @@ class Reconciler(PoolWrites):
         if slot is None:
             return True
         seen = slot.seen_pools.get(product_of(body) or "")
-        return seen is None or resource_version(body) > seen
+        if seen is None:
+            return True
+        if resource_version(body) <= seen[0]:
+            return False
+        return pool_inputs(body, observe_deployment(body)) != seen[1]
 
     def own_status_echo(self, key: Key, body: Mapping[str, Any]) -> bool:
         """Whether a watch event of the resource is our own last status write coming back:
@@ -310,8 +316,11 @@ class Reconciler(PoolWrites):
         persisted = self.current_status(key, body)
         previous = with_tuning(with_decisions(persisted, decisions), tuning)
         observed_bodies = self.observed_pools(key)
-        self.slot(key).seen_pools = {p: resource_version(d) for p, d in observed_bodies.items()}
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
+        self.slot(key).seen_pools = {
+            p: (resource_version(d), pool_inputs(d, observed[p]))
+            for p, d in observed_bodies.items()
+        }
         now = self.clock()
         spec, problems = self._spec(key, body)
         if spec is not None and not problems:  # the cache's claim must exist in the namespace
