@@ -29,8 +29,8 @@ POOL_SEPARATOR = "; "
 def pool_messages(messages: Sequence[str], limit: int = MESSAGE_LIMIT) -> list[str]:
     """The messages of one reason's pools, joined into as few Event messages as fit `limit`
     each, in order: a rollout of four pools is one PoolCreated Event naming the four (one
-    Event per pool was a third of the API requests a large rollout made besides the
-    writes themselves), and no pool's message is cut to make room for another's."""
+    Event per pool was a third of the operator's API requests in a large rollout), and no
+    pool's message is cut to make room for another's."""
     out: list[str] = []
     for message in messages:
         if out and len(out[-1]) + len(POOL_SEPARATOR) + len(message) <= limit:

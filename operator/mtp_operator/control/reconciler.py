@@ -203,8 +203,8 @@ class Reconciler(PoolWrites):
     def own_status_echo(self, key: Key, body: Mapping[str, Any]) -> bool:
         """Whether a watch event of the resource is our own last status write coming back:
         the object the write returned, which that pass planned with (a change by anyone
-        else, spec or metadata, has another resourceVersion). About a third of a
-        rollout's passes were these, and found nothing to do."""
+        else, spec or metadata, has another resourceVersion). In a rollout about one pass in
+        six was one of these (~2.1 status writes a resource, ~11 passes), with nothing to do."""
         slot = self._slots.get(key)
         return slot is not None and slot.status_rv > 0 and resource_version(body) == slot.status_rv
 
