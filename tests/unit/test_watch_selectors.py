@@ -5,14 +5,13 @@ cluster and drop the others on the client."""
 from __future__ import annotations
 
 import kopf
-from kopf._cogs.structs.references import Resource
 
 from mtp_operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from mtp_operator.app import handlers
 
 
-def resource(group: str, plural: str, version: str = "v1") -> Resource:
-    return Resource(group=group, version=version, plural=plural, namespaced=True)
+def resource(group: str, plural: str, version: str = "v1") -> kopf.Resource:
+    return kopf.Resource(group=group, version=version, plural=plural, namespaced=True)
 
 
 def test_owned_kinds_are_selected_by_label_on_the_server() -> None:

@@ -29,9 +29,11 @@ from mtp_operator.planning import GPUNode, gpu_node_from_body
 log = logging.getLogger(__name__)
 
 OWNED = {LABEL_MANAGED_BY: MANAGED_BY}
+DEPLOYMENT_KIND = ("apps", "v1", "deployments")
+SERVICE_KIND = ("v1", "services")
 POD_KIND = ("v1", "pods")
 # the kinds watched only for objects we made (server-side label selector, see configure)
-WATCHED_OWNED = (("apps", "v1", "deployments"), ("v1", "services"), POD_KIND)
+WATCHED_OWNED = (DEPLOYMENT_KIND, SERVICE_KIND, POD_KIND)
 RUNNING_PODS = "status.phase=Running"
 RESYNC_SECONDS = 30.0
 
@@ -137,13 +139,13 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         return {node.product: node} if node else {}
 
     @kopf.index(
-        "apps", "v1", "deployments", labels=OWNED, id="pool_deployment_index", registry=registry
+        *DEPLOYMENT_KIND, labels=OWNED, id="pool_deployment_index", registry=registry
     )
     async def pool_deployment_index(body: kopf.Body, **_: Any) -> dict:
         key = owner_key(body)
         return {key: slim(body)} if key else {}
 
-    @kopf.index("v1", "services", labels=OWNED, id="service_index", registry=registry)
+    @kopf.index(*SERVICE_KIND, labels=OWNED, id="service_index", registry=registry)
     async def service_index(body: kopf.Body, **_: Any) -> dict:
         key = owner_key(body)
         return {key: True} if key else {}
@@ -181,7 +183,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         if reconciler.gpu_inventory_changed():
             await reconciler.reconcile_all()
 
-    @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry)
+    @kopf.on.event(*DEPLOYMENT_KIND, labels=OWNED, registry=registry)
     async def pool_changed(event: dict, body: kopf.Body, **kw: Any) -> None:
         view.bind(kw)
         key = owner_key(body)

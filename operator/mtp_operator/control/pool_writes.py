@@ -184,10 +184,13 @@ class PoolWrites:
         else:
             out = await self.kube.apply(desired)
         OPERATOR_METRICS.deployment_writes.inc()
-        meta = owner.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
         if resource_version(out):
-            self.slot(key).pools[plan.gpu_product] = out
+            self._owner_slot(owner).pools[plan.gpu_product] = out
+
+    def _owner_slot(self, owner: Mapping[str, Any]) -> Any:
+        """The slot of the resource `owner` (its body) is."""
+        meta = owner.get("metadata") or {}
+        return self.slot((meta.get("namespace", ""), meta.get("name", "")))
 
     async def _apply_pools(
         self,
@@ -233,8 +236,7 @@ class PoolWrites:
         """drifted_fields(desired, observed), reused while both are the same: most passes
         of a rollout come from a pool's status changing, which leaves its spec and the
         annotations drift reads as they were (compared whole, not by resourceVersion)."""
-        meta = owner.get("metadata") or {}
-        memos = self.slot((meta.get("namespace", ""), meta.get("name", ""))).drift_memo
+        memos = self._owner_slot(owner).drift_memo
         spec = observed.get("spec")
         annotations = (observed.get("metadata") or {}).get("annotations")
         memo = memos.get(product)
