@@ -8,6 +8,7 @@ Read from a YAML file (the chart mounts it from a ConfigMap) and overridden by C
       default: {persistentVolumeClaim: {claimName: model-cache}}
       allowedHostPaths: [/var/lib/mtp-models]          # folders hostPath caches may use
     poolRemovalGraceSeconds: 600   # a pool whose GPU product no node carries goes after this
+    listPageSize: 500              # objects per page when the operator lists a kind at start
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mtp_operator.api.v1alpha1 import ModelCacheSpec
 
 DEFAULT_RUNTIME_IMAGE = f"ghcr.io/mtp-operator/mtp-runtime:{__version__}"
 DEFAULT_POOL_REMOVAL_GRACE_SECONDS = 600.0
+DEFAULT_LIST_PAGE_SIZE = 500
 
 
 class _Settings(BaseModel):
@@ -58,6 +60,10 @@ class OperatorSettings(_Settings):
     # capacity 0) is kept this long before it is removed: a node being replaced or a GPU
     # driver/device-plugin restart must not cost a serving pool.
     pool_removal_grace_seconds: float = Field(DEFAULT_POOL_REMOVAL_GRACE_SECONDS, ge=0)
+    # The watches' initial lists come in pages of this many objects (the API server's
+    # `limit`): at thousands of pools one unpaged list is tens of MB of JSON parsed at once,
+    # the operator's peak memory at every start.
+    list_page_size: int = Field(DEFAULT_LIST_PAGE_SIZE, ge=1)
 
 
 class SettingsFileError(ValueError):

@@ -310,10 +310,14 @@ def test_sigkill_mid_batch_then_restart_converges(cluster: Cluster, ns: str):
         assert condition(objs["hist"], ctype) == condition(hist, ctype), ctype
 
     # One more restart with nothing to do: it starts (more than 64 objects per kind: kopf
-    # issue #1243's deadlock with a worker limit), sees every resource, and writes nothing.
+    # issue #1243's deadlock with a worker limit), sees every resource, and writes nothing;
+    # its lists come in pages of 7 objects (listPageSize), so a pool Deployment on a page
+    # after the first that went unseen would be created again (a write).
     second.stop()
+    paged = c.log_dir / "paged-settings.yaml"
+    paged.write_text("listPageSize: 7\n")
     t2 = time.monotonic()
-    third = c.operator(*args)
+    third = c.operator(*args, "--settings", str(paged))
     wait_for(lambda: third.metric("mtp_operator_reconciles_total") >= BATCH + 1, 60,
              message="every resource reconciled after the restart")
     resync = time.monotonic() - t2

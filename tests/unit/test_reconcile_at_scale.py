@@ -190,7 +190,7 @@ async def test_a_pool_event_the_last_pass_saw_is_no_news() -> None:
 
 
 def test_indexed_bodies_leave_the_managed_fields_out() -> None:
-    from mtp_operator.app.handlers import slim
+    from mtp_operator.adapters.kube import slim
 
     body = {"metadata": {"name": "p", "resourceVersion": "7", "managedFields": [{"f": 1}]},
             "spec": {"replicas": 1}, "status": {"readyReplicas": 1}}  # fmt: skip

@@ -5,6 +5,7 @@ writes, or does not write, as the watch catches up."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -135,7 +136,14 @@ async def test_a_pool_status_change_does_not_diff_the_pool_again(cluster, monkey
     view.deliver(kube, ready=True)  # new copies; only the Deployments' status changed
     await rec.reconcile(KEY)
     assert len(diffs) == 2 and kube.statuses[KEY]["phase"] == "Ready"
-    view.deployments[KEY][H100]["spec"]["replicas"] = 5  # a hand edit
+    # the memo now holds the copies the watch brought, not the older equal ones (memory)
+    for product, (_, spec, _, _) in rec.slot(KEY).drift_memo.items():
+        assert spec is view.deployments[KEY][product]["spec"]
+    # a hand edit, arriving as the watch brings it: a new body (watched bodies are never
+    # changed in place; the memo holds the one it last compared)
+    edited = copy.deepcopy(view.deployments[KEY][H100])
+    edited["spec"]["replicas"] = 5
+    view.deployments[KEY][H100] = edited
     await rec.reconcile(KEY)
     assert len(diffs) == 3 and kube.reasons()[-1] == "ManualChangeReverted"
     assert kube.deployments()[H100]["spec"]["replicas"] == 1

@@ -78,4 +78,5 @@ modelCache:
 {{- end }}
   allowedHostPaths: {{ toJson (.Values.modelCache.allowedHostPaths | default list) }}
 poolRemovalGraceSeconds: {{ .Values.poolRemovalGraceSeconds }}
+listPageSize: {{ .Values.listPageSize }}
 {{- end -}}

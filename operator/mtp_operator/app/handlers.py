@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from mtp_operator.adapters.kube import slim
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from mtp_operator.control.reconciler import Key, Reconciler, product_of
 from mtp_operator.naming import (
@@ -25,6 +26,7 @@ from mtp_operator.naming import (
     label_value,
 )
 from mtp_operator.planning import GPUNode, gpu_node_from_body
+from mtp_operator.settings import DEFAULT_LIST_PAGE_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -106,18 +108,6 @@ class KopfView:
     def has_claim(self, namespace: str, name: str) -> bool:
         """A PersistentVolumeClaim exists (spec.modelCache.persistentVolumeClaim)."""
         return bool(list(self.claims.get((namespace, name), ())))
-
-
-def slim(body: Mapping[str, Any]) -> dict[str, Any]:
-    """An indexed copy of `body` without metadata.managedFields: the server-side apply field
-    sets (ours and the controllers') are about as large as the spec and nothing reads them;
-    at thousands of pools they were a third of the operator's memory. Shallow: shares the
-    rest with the watch event."""
-    out = dict(body)
-    meta = out.get("metadata")
-    if isinstance(meta, Mapping) and "managedFields" in meta:
-        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
-    return out
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: KopfView) -> None:
@@ -227,7 +217,9 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(
+    settings: kopf.OperatorSettings, list_page_size: int = DEFAULT_LIST_PAGE_SIZE
+) -> None:
     """kopf settings: no kopf-posted events or progress writes; we post our own events."""
     settings.posting.enabled = False
     settings.persistence.finalizer = "mtp-operator.io/unused"  # no handler needs one
@@ -252,6 +244,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     for kind in WATCHED_OWNED:
         settings.watching.label_selectors[kind] = owned
     settings.watching.field_selectors[POD_KIND] = RUNNING_PODS
+    # The initial list of each kind comes in pages (settings.py: listPageSize): one response
+    # with every pool Deployment of a large cluster is tens of MB of JSON parsed at once.
+    settings.watching.chunk_size = list_page_size
     # Our resources are known; no CRD/namespace scanning (and no RBAC for it).
     settings.scanning.disabled = True
     # Every handled event would otherwise log a line; real problems still log as warnings.

@@ -173,7 +173,7 @@ async def run(opts: RunOptions) -> int:
 
     @kopf.on.startup(registry=registry)
     def _configure(settings: kopf.OperatorSettings, **_: object) -> None:
-        handlers.configure(settings)
+        handlers.configure(settings, opts.settings.list_page_size)
 
     health = Health(lambda: view.ready)
     runners: list[web.AppRunner] = []

@@ -241,6 +241,10 @@ class PoolWrites:
         annotations = (observed.get("metadata") or {}).get("annotations")
         memo = memos.get(product)
         if memo is not None and memo[0] is desired and memo[1] == spec and memo[2] == annotations:
+            # held from now on by the objects just seen (the watched body, which the index
+            # keeps anyway): the memo must not keep an equal older copy, such as the body a
+            # write returned, alive beside it (~30 KB a pool)
+            memos[product] = (desired, spec, annotations, memo[3])
             return memo[3]
         changed = drifted_fields(desired, observed)
         memos[product] = (desired, spec, annotations, changed)
