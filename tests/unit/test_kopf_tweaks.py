@@ -108,3 +108,166 @@ def test_a_kopf_with_other_internals_is_left_alone(caplog: pytest.LogCaptureFixt
         assert kopf_tweaks.apply(other) is False
     assert "kopf internals changed (ToggleSet has no _condition or no _toggles set)" in caplog.text
     assert dict(vars(OtherToggleSet)) == originals  # nothing replaced
+
+
+# --- watch events without managedFields -------------------------------------------------
+
+
+def _deployment(name: str) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "resourceVersion": "7",
+            "labels": {"app": name},
+            "managedFields": [{"manager": "mtp-operator", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {"replicas": 1},
+    }
+
+
+def test_kopfs_own_watch_stream_yields_events_without_managed_fields(monkeypatch) -> None:
+    """kopf's real infinite_watch -> continuous_watch chain, fed by a listing of two objects
+    and a watch stream of one event (then 410 Gone, which ends the stream)."""
+    import kopf
+    from kopf._cogs.clients import fetching, watching
+    from kopf._cogs.structs import references
+
+    assert kopf_tweaks.slim_watch_events() is True
+    assert kopf_tweaks.slim_watch_events() is True  # idempotent
+    assert watching.continuous_watch.__wrapped__.__module__ == "kopf._cogs.clients.watching"
+
+    async def fetch_objs(**_):
+        yield [_deployment("a"), _deployment("b")], "7"
+
+    async def watch_objs(**_):
+        yield {"type": "MODIFIED", "object": _deployment("c")}
+        yield {"type": "ERROR", "object": {"code": 410}}
+
+    monkeypatch.setattr(fetching, "fetch_objs", fetch_objs)
+    monkeypatch.setattr(watching, "watch_objs", watch_objs)
+    settings = kopf.OperatorSettings()
+    settings.watching.reconnect_backoff = 0
+    resource = references.Resource("apps", "v1", "deployments", namespaced=True)
+
+    async def collect() -> list:
+        return [
+            e async for e in watching.infinite_watch(
+                settings=settings, resource=resource, namespace=None, _iterations=1
+            )
+        ]
+
+    events = asyncio.run(collect())
+    assert watching.Bookmark.LISTED in events  # kopf's bookmark passes as it is
+    bodies = [e["object"] for e in events if isinstance(e, dict)]
+    assert [b["metadata"]["name"] for b in bodies] == ["a", "b", "c"]
+    for b in bodies:
+        assert "managedFields" not in b["metadata"]
+        # everything else is kept
+        assert b["metadata"]["labels"] == {"app": b["metadata"]["name"]}
+        assert b["metadata"]["uid"] == f"uid-{b['metadata']['name']}"
+        assert b["spec"] == {"replicas": 1}
+
+
+def test_closing_the_wrapped_stream_closes_kopfs_own() -> None:
+    closed: list[bool] = []
+    ns: dict = {"closed": closed}
+    exec(
+        "async def continuous_watch(**kw):\n"
+        "    try:\n"
+        "        for i in range(10):\n"
+        "            yield {'type': 'ADDED', 'object': {'metadata': {'managedFields': [i]}}}\n"
+        "    finally:\n"
+        "        closed.append(True)\n"
+        "async def infinite_watch(**kw):\n"
+        "    async for e in continuous_watch(**kw):\n"
+        "        yield e\n",
+        ns,
+    )
+    fake = types.ModuleType("fake_kopf_watching")
+    fake.continuous_watch, fake.infinite_watch = ns["continuous_watch"], ns["infinite_watch"]
+    assert kopf_tweaks.slim_watch_events(fake) is True
+
+    async def first_then_close() -> dict:
+        stream = fake.continuous_watch()
+        first = await stream.__anext__()
+        await stream.aclose()
+        return first
+
+    first = asyncio.run(first_then_close())
+    assert first == {"type": "ADDED", "object": {"metadata": {}}}
+    assert closed == [True]
+
+
+def test_a_kopf_whose_watch_differs_keeps_events_whole(caplog: pytest.LogCaptureFixture) -> None:
+    async def continuous_watch(**_):
+        yield {}
+
+    async def infinite_watch(**_):  # calls nothing by the name continuous_watch
+        yield {}
+
+    other = types.ModuleType("other_kopf_watching")
+    other.continuous_watch = continuous_watch
+    other.infinite_watch = infinite_watch
+    with caplog.at_level(logging.WARNING, logger=kopf_tweaks.__name__):
+        assert kopf_tweaks.slim_watch_events(other) is False
+    assert "infinite_watch does not call continuous_watch by its module name" in caplog.text
+    assert other.continuous_watch is continuous_watch
+
+
+def test_a_kind_with_a_projection_keeps_only_its_projection(monkeypatch) -> None:
+    """Pods pass through handlers.WATCH_PROJECTIONS on kopf's real chain; Deployments,
+    which have none, keep everything but managedFields."""
+    import kopf
+    from kopf._cogs.clients import fetching, watching
+    from kopf._cogs.structs import references
+
+    from mtp_operator.app import handlers
+
+    def pod(name: str) -> dict:
+        body = _deployment(name)
+        body.update(kind="Pod", apiVersion="v1")
+        body["spec"] = {"containers": [{"name": "vllm", "image": "x", "env": [{"name": "A"}]}]}
+        body["status"] = {
+            "phase": "Running",
+            "podIP": "10.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "vllm", "ready": True}],
+        }
+        return body
+
+    async def fetch_objs(**_):
+        yield [pod("a")], "7"
+
+    async def watch_objs(**_):
+        yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "8"}}}
+        yield {"type": "MODIFIED", "object": pod("b")}
+        yield {"type": "ERROR", "object": {"code": 410}}
+
+    monkeypatch.setattr(fetching, "fetch_objs", fetch_objs)
+    monkeypatch.setattr(watching, "watch_objs", watch_objs)
+    assert kopf_tweaks.slim_watch_events(projections=handlers.WATCH_PROJECTIONS) is True
+    settings = kopf.OperatorSettings()
+    settings.watching.reconnect_backoff = 0
+    pods = references.Resource("", "v1", "pods", namespaced=True)
+
+    async def collect() -> list:
+        return [
+            e async for e in watching.infinite_watch(
+                settings=settings, resource=pods, namespace=None, _iterations=1
+            )
+        ]
+
+    events = [e for e in asyncio.run(collect()) if isinstance(e, dict)]
+    # BOOKMARK events pass as they came (kopf skips them; no projection of a non-object)
+    assert events[1] == {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "8"}}}
+    for event in (events[0], events[2]):
+        body = event["object"]
+        assert set(body) == {"apiVersion", "kind", "metadata", "status"}
+        assert set(body["status"]) == {"phase", "podIP", "conditions"}
+        assert "managedFields" not in body["metadata"]
+        assert body["metadata"]["labels"] == {"app": body["metadata"]["name"]}
+    kopf_tweaks.slim_watch_events()  # projections back to none for the other tests

@@ -157,6 +157,30 @@ async def test_a_pass_before_the_watch_does_not_create_twice(cluster) -> None:
     assert kube.events[0][2].count("pool ") == 2
 
 
+async def test_once_the_watch_shows_a_pool_no_copy_a_write_returned_is_kept(cluster) -> None:
+    """A pass before the watch compares against the Deployments the writes returned; once
+    the watch shows them (same version, so no news and no pass), neither our copy nor the
+    drift memo that compared against it is kept (memory: a second copy of every pool)."""
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    await rec.reconcile(KEY)  # no watch event yet: the memo compared our copies
+    slot = rec.slot(KEY)
+    ours = {p: body["spec"] for p, body in slot.pools.items()}
+    assert set(ours) == {H100, L40S}
+    assert all(slot.drift_memo[p][1] is ours[p] for p in ours)
+    view.deliver(kube)
+    for product in (H100, L40S):
+        watched = view.deployments[KEY][product]
+        assert not rec.pool_news(KEY, watched)  # the version the last pass saw
+        rec.pool_seen(KEY, watched)
+    assert slot.pools == {}
+    assert all(memo[1] is not ours.get(p) for p, memo in slot.drift_memo.items())
+    await rec.reconcile(KEY)  # the next pass compares the watched copies: nothing to write
+    assert kube.count("apply") == 3
+    assert {p: m[1] is view.deployments[KEY][p]["spec"] for p, m in slot.drift_memo.items()} \
+        == {H100: True, L40S: True}
+
+
 async def test_a_spec_change_rolls_the_pools(cluster) -> None:
     kube, view, rec = cluster
     await rec.reconcile(KEY)

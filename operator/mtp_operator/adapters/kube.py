@@ -8,6 +8,7 @@ Every other API error propagates to the caller (never swallowed).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +48,23 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(meta, Mapping) and "managedFields" in meta:
         out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
     return out
+
+
+SHARED_STRING_MAX = 64  # strings up to this length are interned by `compact`
+
+
+def compact(value: Any) -> Any:
+    """A deep copy of a parsed JSON value whose dict keys and short strings are interned
+    (sys.intern): JSON parsing gives every object its own copy of "terminationMessagePath",
+    "IfNotPresent" or a label value, which made about 45% of a pool Deployment kept in
+    memory; interned, thousands of pools share one. Equal to `value`."""
+    if isinstance(value, dict):
+        return {sys.intern(k): compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    if isinstance(value, str) and len(value) <= SHARED_STRING_MAX:
+        return sys.intern(value)
+    return value
 
 
 def _to_dict(obj: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from mtp_operator.adapters.kube import slim
+from mtp_operator.adapters.kube import compact, slim
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from mtp_operator.control.reconciler import Key, Reconciler, product_of
 from mtp_operator.naming import (
@@ -46,6 +46,53 @@ def owner_key(body: Mapping[str, Any]) -> Key | None:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
             return (meta.get("namespace", ""), ref.get("name", ""))
     return None
+
+
+# What the pod index reads of a pod; kopf itself reads metadata only (index handlers get no
+# diff). The rest of a pod (its spec and container statuses, ~90% of it) is dropped where the
+# watch event arrives (kopf_tweaks.slim_watch_events): kopf holds each event until the pod's
+# worker has run, and at start-up that is every pool pod at once.
+POD_STATUS_READ = ("phase", "conditions", "podIP")
+
+
+def pod_for_index(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod as the operator keeps it: identity, metadata and POD_STATUS_READ."""
+    status = body.get("status") or {}
+    return {
+        "apiVersion": body.get("apiVersion", "v1"),
+        "kind": body.get("kind", "Pod"),
+        "metadata": body.get("metadata") or {},
+        "status": {k: status[k] for k in POD_STATUS_READ if k in status},
+    }
+
+
+def pod_index_entry(body: Mapping[str, Any]) -> dict:
+    """{(namespace, resource, product): (pod name, pod IP)} for a ready pool pod with an IP;
+    {} for any other pod (kopf drops an earlier entry of the same pod)."""
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = body.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if not ready or not status.get("podIP") or LABEL_GPU_PRODUCT not in labels:
+        return {}
+    key = (meta.get("namespace"), labels.get(LABEL_RESOURCE), labels[LABEL_GPU_PRODUCT])
+    return {key: (meta.get("name"), status["podIP"])}
+
+
+def _pod_kept(body: dict[str, Any]) -> Any:
+    return compact(pod_for_index(body))
+
+
+# Per watched kind (group, version, plural): what of its objects the operator keeps, applied
+# where kopf's watch stream yields each event. Pool Deployments are kept whole (drift reads
+# all of the spec) but compact: their keys and short strings shared between pools.
+WATCH_PROJECTIONS = {
+    ("", POD_KIND[0], POD_KIND[1]): _pod_kept,
+    DEPLOYMENT_KIND: compact,
+}
 
 
 class KopfView:
@@ -141,15 +188,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         return {key: True} if key else {}
 
     @kopf.index(*POD_KIND, labels=OWNED, id="pool_pod_index", registry=registry)
-    async def pool_pod_index(namespace: str, name: str, labels: Any, status: Any, **_: Any):
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        )
-        if not ready or not status.get("podIP") or LABEL_GPU_PRODUCT not in labels:
-            return {}
-        key = (namespace, labels.get(LABEL_RESOURCE), labels[LABEL_GPU_PRODUCT])
-        return {key: (name, status["podIP"])}
+    async def pool_pod_index(body: kopf.Body, **_: Any) -> dict:
+        return pod_index_entry(body)
 
     @kopf.index("v1", "persistentvolumeclaims", id="claim_index", registry=registry)
     async def claim_index(namespace: str, name: str, **_: Any) -> dict:

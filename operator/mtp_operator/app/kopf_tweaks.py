@@ -1,18 +1,31 @@
-"""A fix for kopf's start-up cost with many watched objects (found with kopf 1.45).
+"""Two fixes for kopf's costs with many watched objects (found with kopf 1.45).
 
-At start-up kopf holds every handler back until every listed object of every indexed kind is
-indexed: each object's worker waits on one ToggleSet (all per-object toggles gone), and every
-drop of a toggle wakes every waiting worker (`notify_all`), which re-acquire the condition
-one by one and re-check: O(n^2) wake-ups for n objects. With 300 MTPInferences (1,200 pool
-Deployments and pods) that was ~20 CPU-seconds of the restart. The set's overall state
-changes once, so waking the waiters only when it changes is equivalent: a waiter waits for
-the set's state (`ToggleSet.wait_for`), and single toggles still notify on their own change.
+1. Start-up wake-ups (`apply`). At start-up kopf holds every handler back until every listed
+object of every indexed kind is indexed: each object's worker waits on one ToggleSet (all per-
+object toggles gone), and every drop of a toggle wakes every waiting worker (`notify_all`),
+which re-acquire the condition one by one and re-check: O(n^2) wake-ups for n objects. With 300
+MTPInferences (1,200 pool Deployments and pods) that was ~20 CPU-seconds of the restart. The
+set's overall state changes once, so waking the waiters only when it changes is equivalent: a
+waiter waits for the set's state (`ToggleSet.wait_for`), and single toggles still notify on
+their own change.
+
+2. Watch events without managedFields (`slim_watch_events`). Every listed or watched object
+arrives with metadata.managedFields, the server-side apply field sets of each writer (ours
+for the whole pod template, the controllers' for the status): about as large as the rest of
+a pool Deployment. kopf keeps each event in the object's backlog until its worker has run,
+and hands the body to every index and handler; nothing here or in kopf reads the field
+sets. Dropping them where kopf's watch stream yields each event keeps every copy downstream
+without them (the field itself still exists on the server, for every client that asks).
+A kind may also be given a projection (handlers.WATCH_PROJECTIONS: pods keep only what the
+pod index reads), applied at the same place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -91,4 +104,75 @@ def apply(aiotoggles: ModuleType | None = None) -> bool:
     if aiotoggles.__name__ == "kopf._cogs.aiokits.aiotoggles":
         ORIGINALS.update(originals)
     log.info("kopf_tweaks: ToggleSet wakes its waiters only when the set's state changes")
+    return True
+
+
+Projection = Callable[[dict[str, Any]], dict[str, Any]]
+OBJECT_EVENTS = (None, "ADDED", "MODIFIED", "DELETED")  # None: kopf's listed objects
+
+
+def _slim_event(item: Any, project: Projection | None) -> Any:
+    """The event itself, its object without metadata.managedFields (in place: the event was
+    parsed for kopf alone) and, for a kind with a projection, replaced by its projection;
+    anything that is no object event (kopf's bookmarks, BOOKMARK events) as it is."""
+    if not isinstance(item, dict) or item.get("type") not in OBJECT_EVENTS:
+        return item
+    obj = item.get("object")
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        if project is not None:
+            item["object"] = project(obj)
+    return item
+
+
+def _kind(resource: Any) -> tuple[str, str, str]:
+    return (
+        getattr(resource, "group", ""),
+        getattr(resource, "version", ""),
+        getattr(resource, "plural", ""),
+    )
+
+
+def slim_watch_events(
+    watching: ModuleType | None = None,
+    projections: Mapping[tuple[str, str, str], Projection] | None = None,
+) -> bool:
+    """Wrap kopf's `continuous_watch` so that the events it yields carry no managedFields,
+    and objects of a kind in `projections` ((group, version, plural) -> function) only their
+    projection; True when the wrapper is in place (a second call replaces the projections).
+    A kopf whose watch module differs is left alone, with a warning: the operator works and
+    holds more memory."""
+    if watching is None:
+        try:
+            from kopf._cogs.clients import watching
+        except ImportError:
+            log.warning("kopf_tweaks: kopf._cogs.clients.watching is gone; events kept whole")
+            return False
+    original = getattr(watching, "continuous_watch", None)
+    if original is not None and getattr(original, PATCHED, False):
+        original.projections = dict(projections or {})
+        return True
+    infinite = getattr(watching, "infinite_watch", None)
+    if not inspect.isasyncgenfunction(original) or not inspect.isasyncgenfunction(infinite):
+        why = "no continuous_watch/infinite_watch async generators"
+    elif "continuous_watch" not in infinite.__code__.co_names:
+        why = "infinite_watch does not call continuous_watch by its module name"
+    else:
+        why = None
+    if why is not None:
+        log.warning("kopf_tweaks: kopf internals changed (%s); events kept whole", why)
+        return False
+
+    async def continuous_watch(**kwargs: Any) -> AsyncIterator[Any]:
+        project = continuous_watch.projections.get(_kind(kwargs.get("resource")))
+        async with contextlib.aclosing(original(**kwargs)) as stream:
+            async for item in stream:
+                yield _slim_event(item, project)
+
+    continuous_watch.projections = dict(projections or {})  # type: ignore[attr-defined]
+    setattr(continuous_watch, PATCHED, True)
+    continuous_watch.__wrapped__ = original  # type: ignore[attr-defined]
+    watching.continuous_watch = continuous_watch
+    log.info("kopf_tweaks: watch events are handed on without metadata.managedFields")
     return True

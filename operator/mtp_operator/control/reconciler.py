@@ -186,7 +186,18 @@ class Reconciler(PoolWrites):
         slot = self._slots.get(key)
         ours = slot.pools.get(product_of(body) or "") if slot else None
         if ours is not None and resource_version(body) >= resource_version(ours):
-            del slot.pools[product_of(body)]  # type: ignore[union-attr,arg-type]
+            self._forget_our_pool(slot, product_of(body) or "")  # type: ignore[arg-type]
+
+    @staticmethod
+    def _forget_our_pool(slot: _Slot, product: str) -> None:
+        """Drop the pool Deployment a write returned (the watch shows it now), and the drift
+        memo entry that compared against it: when the watched copy brings no news, no pass
+        replaces that entry, and it would keep the returned spec, a second copy of the pool
+        (~10 KB), for as long as the pool is unchanged."""
+        ours = slot.pools.pop(product)
+        memo = slot.drift_memo.get(product)
+        if memo is not None and memo[1] is ours.get("spec"):
+            del slot.drift_memo[product]
 
     def pool_news(self, key: Key, body: Mapping[str, Any]) -> bool:
         """Whether a pool Deployment's watch event shows what the last pass did not see."""
@@ -215,7 +226,7 @@ class Reconciler(PoolWrites):
         for product, ours in list(slot.pools.items()):
             theirs = out.get(product)
             if theirs is not None and resource_version(theirs) >= resource_version(ours):
-                del slot.pools[product]
+                self._forget_our_pool(slot, product)
             else:
                 out[product] = ours
         return out
