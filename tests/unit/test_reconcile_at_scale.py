@@ -199,3 +199,65 @@ def test_indexed_bodies_leave_the_managed_fields_out() -> None:
     assert out["spec"] is body["spec"] and out["status"] is body["status"]
     assert "managedFields" in body["metadata"]  # the watch event's own copy is untouched
     assert slim({"metadata": {"name": "q"}}) == {"metadata": {"name": "q"}}
+
+
+def _count_passes(rec: Reconciler, monkeypatch) -> list:
+    passes: list = []
+    real = rec._pass
+
+    async def counted(key, *a, **kw):
+        passes.append(key)
+        return await real(key, *a, **kw)
+
+    monkeypatch.setattr(rec, "_pass", counted)
+    return passes
+
+
+@pytest.mark.parametrize("nodes_first", [True, False], ids=["node-event-first", "listed-first"])
+async def test_a_start_makes_one_pass_a_resource(monkeypatch, nodes_first) -> None:
+    """At start-up kopf hands over every resource's listed event and the nodes' events, in
+    either order; a pass a resource is what the inputs need (each pass reads the same
+    resource version and the same nodes)."""
+    kube, view = FakeKube(), FakeView(nodes=[node(f"h{i}", H100) for i in range(4)])
+    keys = [view.add(mtpinference(f"r{i}", SPEC)) for i in range(20)]
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    passes = _count_passes(rec, monkeypatch)
+
+    async def node_event() -> None:  # handlers.node_changed
+        if rec.gpu_inventory_changed():
+            await rec.reconcile_for_nodes()
+
+    async def listed_events() -> None:  # handlers.resource_changed
+        for key in keys:
+            if rec.resource_news(key, view.resource(key)):
+                await rec.reconcile_or_retry(key)
+
+    for step in (node_event, listed_events) if nodes_first else (listed_events, node_event):
+        await step()
+    assert sorted(passes) == sorted(keys)
+    for key in keys:
+        rec.forget(key)
+
+
+async def test_a_new_resource_version_or_new_nodes_are_news(monkeypatch) -> None:
+    kube, view = FakeKube(), FakeView(nodes=[node("h0", H100), node("h1", H100)])
+    keys = [view.add(mtpinference(f"r{i}", SPEC)) for i in range(3)]
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    assert rec.resource_news(keys[0], view.resource(keys[0]))  # never passed
+    await rec.reconcile_all()
+    passes = _count_passes(rec, monkeypatch)
+    body = view.resource(keys[0])
+    assert not rec.resource_news(keys[0], body)
+    body["metadata"]["resourceVersion"] = str(int(body["metadata"].get("resourceVersion") or 0) + 1)
+    assert rec.resource_news(keys[0], body)
+    await rec.reconcile_for_nodes()  # the nodes every pass read: nothing to do
+    assert passes == []
+    view.nodes[1] = node("h1", H100, gpus=4)  # a node event replaces its node's object
+    await rec.reconcile_for_nodes()
+    assert sorted(passes) == sorted(keys)
+    passes.clear()
+    view.nodes = [view.nodes[1], view.nodes[0]]  # same nodes, another order: read again
+    await rec.reconcile_for_nodes()
+    assert sorted(passes) == sorted(keys)
+    for key in keys:
+        rec.forget(key)

@@ -203,7 +203,10 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         if event.get("type") == "DELETED":
             reconciler.forget((namespace, name))
             return
+        # our own status write coming back, or a version a pass already read: nothing new
         if reconciler.own_status_echo((namespace, name), body):
+            return
+        if not reconciler.resource_news((namespace, name), body):
             return
         await reconciler.reconcile_or_retry((namespace, name))
 
@@ -211,7 +214,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
     async def node_changed(**kw: Any) -> None:
         view.bind(kw)
         if reconciler.gpu_inventory_changed():
-            await reconciler.reconcile_all()
+            await reconciler.reconcile_for_nodes()
 
     @kopf.on.event(*DEPLOYMENT_KIND, labels=OWNED, registry=registry)
     async def pool_changed(event: dict, body: kopf.Body, **kw: Any) -> None:

@@ -84,6 +84,11 @@ class _Slot:
     read_memo: tuple[Any, MTPInferenceStatus] | None = None
     # per GPU product: (desired object, observed spec, observed annotations, drifted fields)
     drift_memo: dict[str, tuple[Any, Any, Any, list[str]]] = field(default_factory=dict)
+    # what the last pass read of the resource and of the GPU nodes (Reconciler.nodes_seen):
+    # at start-up every resource's listed event and the first node event would each make a
+    # pass of every resource (2,000 passes for 1,000 resources), the second with nothing new
+    seen_resource_rv: int = -1
+    seen_nodes_version: int = -1
 
 
 # A status change that only reports progress (replica counts, messages, a rollout's
@@ -121,6 +126,10 @@ class Reconciler(PoolWrites):
         self._tasks: set[asyncio.Task] = set()
         self._gpu_fingerprint: frozenset = frozenset()
         self._progressing: set[Key] = set()  # resources whose last status written says so
+        # the GPU nodes the last pass read (the view's own objects: a node event replaces
+        # its node's object) and a number that changes whenever they differ
+        self._nodes: tuple[Any, ...] = ()
+        self._nodes_version = 0
 
     def progress_interval(self) -> float:
         """Seconds between two progress-only status writes of one resource."""
@@ -145,6 +154,7 @@ class Reconciler(PoolWrites):
             self.forget(key)
         self._progressing.clear()
         self._gpu_fingerprint = frozenset()
+        self._nodes, self._nodes_version = (), self._nodes_version + 1
 
     def reconcile_later(self, key: Key, delay: float) -> None:
         """One more pass of `key` in `delay` seconds (one timer per resource; the earliest)."""
@@ -254,9 +264,40 @@ class Reconciler(PoolWrites):
         self._gpu_fingerprint = fingerprint
         return changed
 
+    def nodes_seen(self) -> tuple[list[Any], int]:
+        """The GPU nodes now, and their version: the same version while they are the very
+        objects read before (identity, in order), so a pass that recorded it read exactly
+        these; any other list, even an equal one in another order, is a new version."""
+        nodes = list(self.view.gpu_nodes())
+        same = len(nodes) == len(self._nodes) and all(
+            a is b for a, b in zip(nodes, self._nodes, strict=True)
+        )
+        if not same:
+            self._nodes = tuple(nodes)
+            self._nodes_version += 1
+        return nodes, self._nodes_version
+
+    def resource_news(self, key: Key, body: Mapping[str, Any]) -> bool:
+        """Whether a watch event of the resource shows a version its last pass did not read
+        (a pass that failed schedules its own retry)."""
+        slot = self._slots.get(key)
+        return slot is None or resource_version(body) != slot.seen_resource_rv
+
+    async def reconcile_for_nodes(self) -> None:
+        """Reconcile every resource whose last pass read other GPU nodes than the view has
+        now (after a change of the GPU inventory; the others planned with these nodes)."""
+        _, version = self.nodes_seen()
+        keys = [
+            k for k in self.view.resource_keys()
+            if (slot := self._slots.get(k)) is None or slot.seen_nodes_version != version
+        ]
+        await self._reconcile_keys(keys)
+
     async def reconcile_all(self) -> None:
         """Reconcile every resource; one failing (reported in its status) stops no other."""
-        keys = list(self.view.resource_keys())
+        await self._reconcile_keys(list(self.view.resource_keys()))
+
+    async def _reconcile_keys(self, keys: list[Key]) -> None:
         results = await asyncio.gather(*(self.reconcile(k) for k in keys), return_exceptions=True)
         for key, result in zip(keys, results, strict=True):
             if isinstance(result, BaseException):
@@ -324,6 +365,9 @@ class Reconciler(PoolWrites):
         tuning: Mapping[str, PoolTuningStatus],
     ) -> None:
         meta = body.get("metadata") or {}
+        slot = self.slot(key)
+        nodes, slot.seen_nodes_version = self.nodes_seen()
+        slot.seen_resource_rv = resource_version(body)
         persisted = self.current_status(key, body)
         previous = with_tuning(with_decisions(persisted, decisions), tuning)
         observed_bodies = self.observed_pools(key)
@@ -344,7 +388,7 @@ class Reconciler(PoolWrites):
         plan = plan_pass(
             spec,
             problems,
-            self.view.gpu_nodes(),
+            nodes,
             previous,
             meta,
             self.settings.gpu_profiles,
