@@ -129,29 +129,24 @@ def _deployment(name: str) -> dict:
     }
 
 
-def test_kopfs_own_watch_stream_yields_events_without_managed_fields(monkeypatch) -> None:
-    """kopf's real infinite_watch -> continuous_watch chain, fed by a listing of two objects
-    and a watch stream of one event (then 410 Gone, which ends the stream)."""
+def _kopf_watch(monkeypatch, resource, listed: list, watched: list) -> list:
+    """Run kopf's real infinite_watch -> continuous_watch chain once for `resource`: a
+    listing of `listed`, then a watch stream of `watched` events ended by 410 Gone."""
     import kopf
     from kopf._cogs.clients import fetching, watching
-    from kopf._cogs.structs import references
-
-    assert kopf_tweaks.slim_watch_events() is True
-    assert kopf_tweaks.slim_watch_events() is True  # idempotent
-    assert watching.continuous_watch.__wrapped__.__module__ == "kopf._cogs.clients.watching"
 
     async def fetch_objs(**_):
-        yield [_deployment("a"), _deployment("b")], "7"
+        yield listed, "7"
 
     async def watch_objs(**_):
-        yield {"type": "MODIFIED", "object": _deployment("c")}
+        for event in watched:
+            yield event
         yield {"type": "ERROR", "object": {"code": 410}}
 
     monkeypatch.setattr(fetching, "fetch_objs", fetch_objs)
     monkeypatch.setattr(watching, "watch_objs", watch_objs)
     settings = kopf.OperatorSettings()
     settings.watching.reconnect_backoff = 0
-    resource = references.Resource("apps", "v1", "deployments", namespaced=True)
 
     async def collect() -> list:
         return [
@@ -160,7 +155,24 @@ def test_kopfs_own_watch_stream_yields_events_without_managed_fields(monkeypatch
             )
         ]
 
-    events = asyncio.run(collect())
+    return asyncio.run(collect())
+
+
+def test_kopfs_own_watch_stream_yields_events_without_managed_fields(monkeypatch) -> None:
+    """kopf's real infinite_watch -> continuous_watch chain, fed by a listing of two objects
+    and a watch stream of one event (then 410 Gone, which ends the stream)."""
+    from kopf._cogs.clients import watching
+    from kopf._cogs.structs import references
+
+    assert kopf_tweaks.slim_watch_events() is True
+    assert kopf_tweaks.slim_watch_events() is True  # idempotent
+    assert watching.continuous_watch.__wrapped__.__module__ == "kopf._cogs.clients.watching"
+
+    resource = references.Resource("apps", "v1", "deployments", namespaced=True)
+    events = _kopf_watch(
+        monkeypatch, resource, [_deployment("a"), _deployment("b")],
+        [{"type": "MODIFIED", "object": _deployment("c")}],
+    )
     assert watching.Bookmark.LISTED in events  # kopf's bookmark passes as it is
     bodies = [e["object"] for e in events if isinstance(e, dict)]
     assert [b["metadata"]["name"] for b in bodies] == ["a", "b", "c"]
@@ -221,8 +233,6 @@ def test_a_kopf_whose_watch_differs_keeps_events_whole(caplog: pytest.LogCapture
 def test_a_kind_with_a_projection_keeps_only_its_projection(monkeypatch) -> None:
     """Pods pass through handlers.WATCH_PROJECTIONS on kopf's real chain; Deployments,
     which have none, keep everything but managedFields."""
-    import kopf
-    from kopf._cogs.clients import fetching, watching
     from kopf._cogs.structs import references
 
     from mtp_operator.app import handlers
@@ -239,29 +249,13 @@ def test_a_kind_with_a_projection_keeps_only_its_projection(monkeypatch) -> None
         }
         return body
 
-    async def fetch_objs(**_):
-        yield [pod("a")], "7"
-
-    async def watch_objs(**_):
-        yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "8"}}}
-        yield {"type": "MODIFIED", "object": pod("b")}
-        yield {"type": "ERROR", "object": {"code": 410}}
-
-    monkeypatch.setattr(fetching, "fetch_objs", fetch_objs)
-    monkeypatch.setattr(watching, "watch_objs", watch_objs)
     assert kopf_tweaks.slim_watch_events(projections=handlers.WATCH_PROJECTIONS) is True
-    settings = kopf.OperatorSettings()
-    settings.watching.reconnect_backoff = 0
     pods = references.Resource("", "v1", "pods", namespaced=True)
-
-    async def collect() -> list:
-        return [
-            e async for e in watching.infinite_watch(
-                settings=settings, resource=pods, namespace=None, _iterations=1
-            )
-        ]
-
-    events = [e for e in asyncio.run(collect()) if isinstance(e, dict)]
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "8"}}}
+    events = _kopf_watch(
+        monkeypatch, pods, [pod("a")], [bookmark, {"type": "MODIFIED", "object": pod("b")}]
+    )
+    events = [e for e in events if isinstance(e, dict)]
     # BOOKMARK events pass as they came (kopf skips them; no projection of a non-object)
     assert events[1] == {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "8"}}}
     for event in (events[0], events[2]):
