@@ -216,8 +216,8 @@ def _count_passes(rec: Reconciler, monkeypatch) -> list:
 @pytest.mark.parametrize("nodes_first", [True, False], ids=["node-event-first", "listed-first"])
 async def test_a_start_makes_one_pass_a_resource(monkeypatch, nodes_first) -> None:
     """At start-up kopf hands over every resource's listed event and the nodes' events, in
-    either order; a pass a resource is what the inputs need (each pass reads the same
-    resource version and the same nodes)."""
+    either order, while nodes send heartbeats; a pass a resource is what the inputs need
+    (each pass reads the same resource version and equal nodes)."""
     kube, view = FakeKube(), FakeView(nodes=[node(f"h{i}", H100) for i in range(4)])
     keys = [view.add(mtpinference(f"r{i}", SPEC)) for i in range(20)]
     rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
@@ -232,8 +232,10 @@ async def test_a_start_makes_one_pass_a_resource(monkeypatch, nodes_first) -> No
             if rec.resource_news(key, view.resource(key)):
                 await rec.reconcile_or_retry(key)
 
-    for step in (node_event, listed_events) if nodes_first else (listed_events, node_event):
-        await step()
+    first, then = (node_event, listed_events) if nodes_first else (listed_events, node_event)
+    await first()
+    view.nodes[0] = node("h0", H100)  # a node's heartbeat between: an equal new object
+    await then()
     assert sorted(passes) == sorted(keys)
     for key in keys:
         rec.forget(key)
@@ -251,6 +253,9 @@ async def test_a_new_resource_version_or_new_nodes_are_news(monkeypatch) -> None
     body["metadata"]["resourceVersion"] = str(int(body["metadata"].get("resourceVersion") or 0) + 1)
     assert rec.resource_news(keys[0], body)
     await rec.reconcile_for_nodes()  # the nodes every pass read: nothing to do
+    assert passes == []
+    view.nodes[0] = node("h0", H100)  # a heartbeat: a new object, equal to the old one
+    await rec.reconcile_for_nodes()
     assert passes == []
     view.nodes[1] = node("h1", H100, gpus=4)  # a node event replaces its node's object
     await rec.reconcile_for_nodes()

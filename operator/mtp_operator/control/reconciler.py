@@ -126,9 +126,8 @@ class Reconciler(PoolWrites):
         self._tasks: set[asyncio.Task] = set()
         self._gpu_fingerprint: frozenset = frozenset()
         self._progressing: set[Key] = set()  # resources whose last status written says so
-        # the GPU nodes the last pass read (the view's own objects: a node event replaces
-        # its node's object) and a number that changes whenever they differ
-        self._nodes: tuple[Any, ...] = ()
+        # the GPU nodes the last pass read and a number that changes whenever they differ
+        self._nodes: list[Any] = []
         self._nodes_version = 0
 
     def progress_interval(self) -> float:
@@ -154,7 +153,7 @@ class Reconciler(PoolWrites):
             self.forget(key)
         self._progressing.clear()
         self._gpu_fingerprint = frozenset()
-        self._nodes, self._nodes_version = (), self._nodes_version + 1
+        self._nodes, self._nodes_version = [], self._nodes_version + 1
 
     def reconcile_later(self, key: Key, delay: float) -> None:
         """One more pass of `key` in `delay` seconds (one timer per resource; the earliest)."""
@@ -265,16 +264,14 @@ class Reconciler(PoolWrites):
         return changed
 
     def nodes_seen(self) -> tuple[list[Any], int]:
-        """The GPU nodes now, and their version: the same version while they are the very
-        objects read before (identity, in order), so a pass that recorded it read exactly
-        these; any other list, even an equal one in another order, is a new version."""
+        """The GPU nodes now, and their version: the same version while they are equal to
+        the nodes read before, in order (a node's heartbeat replaces its object with an equal
+        one: the same version), so a pass that recorded a version read nodes equal to these;
+        any other list, even an equal one in another order, is a new version."""
         nodes = list(self.view.gpu_nodes())
-        same = len(nodes) == len(self._nodes) and all(
-            a is b for a, b in zip(nodes, self._nodes, strict=True)
-        )
-        if not same:
-            self._nodes = tuple(nodes)
+        if nodes != self._nodes:  # objects compared by identity first, then by value
             self._nodes_version += 1
+        self._nodes = nodes
         return nodes, self._nodes_version
 
     def resource_news(self, key: Key, body: Mapping[str, Any]) -> bool:
