@@ -213,6 +213,29 @@ def _count_passes(rec: Reconciler, monkeypatch) -> list:
     return passes
 
 
+async def test_a_node_event_amid_the_listed_events_adds_no_pass(monkeypatch) -> None:
+    """At start-up kopf runs the handlers of different objects concurrently: the first node
+    event and the resources' listed events at once still make one pass a resource."""
+    kube, view = FakeKube(), FakeView(nodes=[node(f"h{i}", H100) for i in range(4)])
+    keys = [view.add(mtpinference(f"r{i}", SPEC)) for i in range(20)]
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    passes = _count_passes(rec, monkeypatch)
+
+    async def node_event() -> None:  # handlers.node_changed
+        if rec.gpu_inventory_changed():
+            await rec.reconcile_for_nodes()
+
+    async def listed_event(key) -> None:  # handlers.resource_changed
+        if rec.resource_news(key, view.resource(key)):
+            await rec.reconcile_or_retry(key)
+
+    await asyncio.gather(node_event(), *(listed_event(k) for k in keys))
+    await asyncio.sleep(0)
+    assert sorted(passes) == sorted(keys)
+    for key in keys:
+        rec.forget(key)
+
+
 @pytest.mark.parametrize("nodes_first", [True, False], ids=["node-event-first", "listed-first"])
 async def test_a_start_makes_one_pass_a_resource(monkeypatch, nodes_first) -> None:
     """At start-up kopf hands over every resource's listed event and the nodes' events, in

@@ -282,11 +282,14 @@ class Reconciler(PoolWrites):
 
     async def reconcile_for_nodes(self) -> None:
         """Reconcile every resource whose last pass read other GPU nodes than the view has
-        now (after a change of the GPU inventory; the others planned with these nodes)."""
+        now (after a change of the GPU inventory; the others planned with these nodes).
+        A resource with no pass yet is left to its own watch event, which always passes it:
+        at start-up the first node event comes amid the listed resources' events, and a pass
+        started for both would run twice (a pass asked for while one runs runs again)."""
         _, version = self.nodes_seen()
         keys = [
             k for k in self.view.resource_keys()
-            if (slot := self._slots.get(k)) is None or slot.seen_nodes_version != version
+            if (slot := self._slots.get(k)) is not None and slot.seen_nodes_version != version
         ]
         await self._reconcile_keys(keys)
 
