@@ -201,6 +201,18 @@ def test_indexed_bodies_leave_the_managed_fields_out() -> None:
     assert slim({"metadata": {"name": "q"}}) == {"metadata": {"name": "q"}}
 
 
+async def _node_event(rec: Reconciler) -> None:
+    """What handlers.node_changed does."""
+    if rec.gpu_inventory_changed():
+        await rec.reconcile_for_nodes()
+
+
+async def _listed_event(rec: Reconciler, view: FakeView, key) -> None:
+    """What handlers.resource_changed does with a resource's (listed) event."""
+    if rec.resource_news(key, view.resource(key)):
+        await rec.reconcile_or_retry(key)
+
+
 def _count_passes(rec: Reconciler, monkeypatch) -> list:
     passes: list = []
     real = rec._pass
@@ -221,15 +233,7 @@ async def test_a_node_event_amid_the_listed_events_adds_no_pass(monkeypatch) -> 
     rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
     passes = _count_passes(rec, monkeypatch)
 
-    async def node_event() -> None:  # handlers.node_changed
-        if rec.gpu_inventory_changed():
-            await rec.reconcile_for_nodes()
-
-    async def listed_event(key) -> None:  # handlers.resource_changed
-        if rec.resource_news(key, view.resource(key)):
-            await rec.reconcile_or_retry(key)
-
-    await asyncio.gather(node_event(), *(listed_event(k) for k in keys))
+    await asyncio.gather(_node_event(rec), *(_listed_event(rec, view, k) for k in keys))
     await asyncio.sleep(0)
     assert sorted(passes) == sorted(keys)
     for key in keys:
@@ -246,14 +250,12 @@ async def test_a_start_makes_one_pass_a_resource(monkeypatch, nodes_first) -> No
     rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
     passes = _count_passes(rec, monkeypatch)
 
-    async def node_event() -> None:  # handlers.node_changed
-        if rec.gpu_inventory_changed():
-            await rec.reconcile_for_nodes()
+    async def node_event() -> None:
+        await _node_event(rec)
 
-    async def listed_events() -> None:  # handlers.resource_changed
+    async def listed_events() -> None:
         for key in keys:
-            if rec.resource_news(key, view.resource(key)):
-                await rec.reconcile_or_retry(key)
+            await _listed_event(rec, view, key)
 
     first, then = (node_event, listed_events) if nodes_first else (listed_events, node_event)
     await first()
