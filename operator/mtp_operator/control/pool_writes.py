@@ -187,6 +187,17 @@ class PoolWrites:
         if resource_version(out):
             self._owner_slot(owner).pools[plan.gpu_product] = out
 
+    @staticmethod
+    def _forget_our_pool(slot: Any, product: str) -> None:
+        """Drop the pool Deployment a write returned (the watch shows it now), and the drift
+        memo entry that compared against it: when the watched copy brings no news, no pass
+        replaces that entry, and it would keep the returned spec, a second copy of the pool
+        (~10 KB), for as long as the pool is unchanged."""
+        ours = slot.pools.pop(product)
+        memo = slot.drift_memo.get(product)
+        if memo is not None and memo[1] is ours.get("spec"):
+            del slot.drift_memo[product]
+
     def _owner_slot(self, owner: Mapping[str, Any]) -> Any:
         """The slot of the resource `owner` (its body) is."""
         meta = owner.get("metadata") or {}

@@ -193,20 +193,10 @@ class Reconciler(PoolWrites):
     def pool_seen(self, key: Key, body: Mapping[str, Any]) -> None:
         """The watch delivered a pool Deployment event (deletions too): our copy is stale now."""
         slot = self._slots.get(key)
-        ours = slot.pools.get(product_of(body) or "") if slot else None
+        product = product_of(body) or ""
+        ours = slot.pools.get(product) if slot else None
         if ours is not None and resource_version(body) >= resource_version(ours):
-            self._forget_our_pool(slot, product_of(body) or "")  # type: ignore[arg-type]
-
-    @staticmethod
-    def _forget_our_pool(slot: _Slot, product: str) -> None:
-        """Drop the pool Deployment a write returned (the watch shows it now), and the drift
-        memo entry that compared against it: when the watched copy brings no news, no pass
-        replaces that entry, and it would keep the returned spec, a second copy of the pool
-        (~10 KB), for as long as the pool is unchanged."""
-        ours = slot.pools.pop(product)
-        memo = slot.drift_memo.get(product)
-        if memo is not None and memo[1] is ours.get("spec"):
-            del slot.drift_memo[product]
+            self._forget_our_pool(slot, product)
 
     def pool_news(self, key: Key, body: Mapping[str, Any]) -> bool:
         """Whether a pool Deployment's watch event shows what the last pass did not see."""
@@ -372,7 +362,7 @@ class Reconciler(PoolWrites):
         previous = with_tuning(with_decisions(persisted, decisions), tuning)
         observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
-        self.slot(key).seen_pools = {
+        slot.seen_pools = {
             p: (resource_version(d), pool_inputs(d, observed[p]))
             for p, d in observed_bodies.items()
         }
