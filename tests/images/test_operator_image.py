@@ -15,7 +15,7 @@ from support.operator_proc import free_port
 
 # --passwd=false: no /etc/passwd entry added for the user, as under containerd or CRI-O
 HARDENED = ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-            "--passwd=false", "--label", "mtp-operator.io/test=images"]
+            "--passwd=false"]
 
 
 @pytest.fixture(scope="module")

@@ -86,8 +86,7 @@ def test_runtime_cpu_image_serves_the_tiny_model(runtime_image: str, container,
                   # vLLM's shared-memory ring buffer needs 160 MiB; podman's default /dev/shm is
                   # 64 MiB (a pool pod mounts a memory emptyDir there)
                   flags=["--shm-size", "1g", "-v", f"{model}:{MODEL_PATH}:ro",
-                         "-e", f"MTP_RUNTIME_CONFIG={json.dumps(config)}",
-                         "--label", "mtp-operator.io/test=images"])
+                         "-e", f"MTP_RUNTIME_CONFIG={json.dumps(config)}"])
     base = f"http://127.0.0.1:{vllm_port}"
     wait_until(lambda: _get(base + "/health") is not None or (not c.running() and "exit"),
                300, "vLLM /health in the runtime container", c.logs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -17,6 +18,14 @@ BUILD = REPO / "tests" / "images" / "build.sh"
 
 PODMAN = ["podman", "--cgroup-manager=cgroupfs", "--runtime", "runc"]
 RUN_FLAGS = ["--network", "host", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+
+# Every container a test starts carries both labels: the first marks it as a test's, the second
+# as this pytest process's. A run killed mid-test (a time-out, ^C) leaves its containers behind;
+# the next run removes them (remove_stale_containers) and checks only its own for leftovers.
+TEST_LABEL = "mtp-operator.io/test"
+RUN_LABEL = "mtp-operator.io/test-run"
+RUN_ID = uuid.uuid4().hex[:12]
+LABEL_FLAGS = ["--label", f"{TEST_LABEL}=images", "--label", f"{RUN_LABEL}={RUN_ID}"]
 
 
 def build(target: str, timeout: float = 3600) -> str:
@@ -42,17 +51,57 @@ def podman(*args: str, check: bool = True, timeout: float = 300,
     return out
 
 
+def _name() -> str:
+    return f"mtp-test-{RUN_ID}-{uuid.uuid4().hex[:8]}"
+
+
+def _containers(label: str) -> list[str]:
+    if not shutil.which("podman"):
+        return []  # build() says what to install
+    out = podman("ps", "-aq", "--filter", f"label={label}", check=False)
+    return out.stdout.split()
+
+
+def remove_stale_containers() -> list[str]:
+    """Remove the test containers of earlier pytest runs (any with TEST_LABEL but another
+    RUN_LABEL) and return their IDs."""
+    ours = set(_containers(f"{RUN_LABEL}={RUN_ID}"))
+    stale = [c for c in _containers(TEST_LABEL) if c not in ours]
+    if stale:
+        podman("rm", "-f", *stale, check=False)
+    return stale
+
+
+def leftover_containers() -> list[str]:
+    """This run's containers that still exist."""
+    return _containers(f"{RUN_LABEL}={RUN_ID}")
+
+
 def run(image: str, *args: str, flags: Sequence[str] = (), timeout: float = 300,
         check: bool = True) -> subprocess.CompletedProcess[str]:
-    """`podman run --rm` of `image` with `args` (after the entrypoint)."""
-    return podman("run", "--rm", *RUN_FLAGS, *flags, image, *args, check=check, timeout=timeout)
+    """`podman run --rm` of `image` with `args` (after the entrypoint); on a time-out the
+    container is removed before the error propagates."""
+    name = _name()
+    try:
+        return podman("run", "--rm", "--name", name, *LABEL_FLAGS, *RUN_FLAGS, *flags, image,
+                      *args, check=check, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        podman("rm", "-f", name, check=False)
+        raise
 
 
 class Container:
-    """A detached container (`podman run -d`), removed by stop()."""
+    """A detached container (`podman run -d`) once start() ran, removed by stop(). It is named
+    before it is created, so stop() finds it even when `podman run` failed after creating it."""
 
     def __init__(self, image: str, args: Sequence[str], flags: Sequence[str] = ()) -> None:
-        self.id = podman("run", "-d", *RUN_FLAGS, *flags, image, *args).stdout.strip()
+        self.id = _name()
+        self.argv = ["run", "-d", "--name", self.id, *LABEL_FLAGS, *RUN_FLAGS, *flags, image,
+                     *args]
+
+    def start(self) -> Container:
+        podman(*self.argv)
+        return self
 
     def running(self) -> bool:
         out = podman("inspect", "--format", "{{.State.Running}}", self.id, check=False)
@@ -77,14 +126,14 @@ def container() -> Iterator[Callable[..., Container]]:
 
     def start(image: str, args: Sequence[str] = (), flags: Sequence[str] = ()) -> Container:
         c = Container(image, args, flags)
-        started.append(c)
-        return c
+        started.append(c)  # before it exists: a failed start is still cleaned up
+        return c.start()
 
     yield start
     for c in started:
         c.stop()
-    leftover = podman("ps", "-aq", "--filter", "label=mtp-operator.io/test", check=False).stdout
-    assert not leftover.strip(), f"containers left behind: {leftover}"
+    leftover = leftover_containers()
+    assert not leftover, f"containers left behind: {leftover}"
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str,
