@@ -18,6 +18,13 @@ sets. Dropping them where kopf's watch stream yields each event keeps every copy
 without them (the field itself still exists on the server, for every client that asks).
 A kind may also be given a projection (handlers.WATCH_PROJECTIONS: pods keep only what the
 pod index reads), applied at the same place.
+
+3. Index-only kinds do not wait (`index_only_kinds_skip_the_gate`). The start-up gate of 1.
+holds every listed object's worker (a task, its queue, the body and kopf's wrappers of it)
+until every kind is indexed, so that handlers see whole indexes. An object of a kind with
+indexes and no other handler (pods and Services here) has nothing to do after its indexing:
+its worker drops its toggle as before and goes on at once, so its memory is freed while the
+other kinds are still listed, instead of ~10,000 workers held at once at 1,000 resources.
 """
 
 from __future__ import annotations
@@ -175,4 +182,68 @@ def slim_watch_events(
     continuous_watch.__wrapped__ = original  # type: ignore[attr-defined]
     watching.continuous_watch = continuous_watch
     log.info("kopf_tweaks: watch events are handed on without metadata.managedFields")
+    return True
+
+
+AFTER_THE_GATE = ("_watching", "_spawning", "_changing")  # registries of handlers that wait
+
+
+class _DropsWithoutWaiting:
+    """kopf's operator-wide ToggleSet for one object of an index-only kind: the object's
+    toggle is dropped as kopf would, and waiting for the other kinds returns at once."""
+
+    def __init__(self, toggles: Any) -> None:
+        self._toggles = toggles
+
+    async def drop_toggle(self, toggle: Any) -> None:
+        await self._toggles.drop_toggle(toggle)
+
+    async def wait_for(self, value: bool) -> None:
+        return None
+
+
+def index_only(registry: Any, resource: Any) -> bool | None:
+    """True when `resource` has no handler that runs after kopf's start-up gate (only
+    indexes); None when the registry is not what this was written for."""
+    try:
+        return not any(getattr(registry, name).has_handlers(resource) for name in AFTER_THE_GATE)
+    except AttributeError:
+        return None
+
+
+def index_only_kinds_skip_the_gate(processing: ModuleType | None = None) -> bool:
+    """Wrap kopf's `process_resource_event` so that objects of index-only kinds do not wait
+    at the start-up gate; True when the wrapper is in place. A kopf whose processing differs
+    is left alone, with a warning: the operator works and holds more memory at start-up."""
+    if processing is None:
+        try:
+            from kopf._core.reactor import processing
+        except ImportError:
+            log.warning("kopf_tweaks: kopf._core.reactor.processing is gone; the gate kept")
+            return False
+    original = getattr(processing, "process_resource_event", None)
+    if original is not None and getattr(original, PATCHED, False):
+        return True
+    wanted = {"registry", "resource", "operator_indexed", "resource_indexed"}
+    params = set(inspect.signature(original).parameters) if callable(original) else set()
+    if not inspect.iscoroutinefunction(original) or not wanted <= params:
+        log.warning("kopf_tweaks: kopf internals changed (process_resource_event takes no "
+                    "%s); the gate kept", ", ".join(sorted(wanted - params)) or "coroutine")
+        return False
+    verdicts: dict[tuple[str, str, str], bool | None] = {}
+
+    async def process_resource_event(**kwargs: Any) -> Any:
+        gate = kwargs.get("operator_indexed")
+        if gate is not None:
+            kind = _kind(kwargs.get("resource"))
+            if kind not in verdicts:
+                verdicts[kind] = index_only(kwargs.get("registry"), kwargs.get("resource"))
+            if verdicts[kind]:
+                kwargs["operator_indexed"] = _DropsWithoutWaiting(gate)
+        return await original(**kwargs)
+
+    setattr(process_resource_event, PATCHED, True)
+    process_resource_event.__wrapped__ = original  # type: ignore[attr-defined]
+    processing.process_resource_event = process_resource_event
+    log.info("kopf_tweaks: objects of index-only kinds skip the start-up gate")
     return True
