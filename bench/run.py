@@ -101,8 +101,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="DIR",
-        help="py-spy the operator through each rollout round (raw stacks in DIR; the summary "
-        "goes into scale.json as rollout_profiles)",
+        help="py-spy the operator through each rollout round and the restart (raw stacks in "
+        "DIR; the summaries go into scale.json as rollout_profiles: round1.., restart)",
     )
     return p.parse_args(argv)
 

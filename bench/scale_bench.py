@@ -53,6 +53,22 @@ from mtp_operator.adapters.kube import MTPInferenceResource
 from support.operator_proc import OperatorProcess
 
 
+def wait_until_ready(op: OperatorProcess, timeout: float) -> None:
+    """Until the operator's /readyz answers 200 (it started with ready=False)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(op.url("/readyz"), timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"operator not ready in {timeout}s:\n{op.log_tail()}")
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         from sandbox import Sandbox
@@ -114,10 +130,11 @@ class Bench:
             "contexts": [{"name": "sa", "context": {"cluster": "bench", "user": SA_NAME}}],
         }))  # fmt: skip
 
-    def start_operator(self) -> OperatorProcess:
+    def start_operator(self, ready: bool = True) -> OperatorProcess:
+        """The operator started; waited for until /readyz (ready=False: /healthz, alive)."""
         op = OperatorProcess(self.sa_kubeconfig, self.work / "operator", ["--no-evaluator"])
         self.operator = op
-        return op.start(timeout=300)
+        return op.start(timeout=300, ready=ready)
 
     def counters(self) -> dict[str, float]:
         assert self.operator is not None
@@ -259,9 +276,16 @@ class Bench:
         self.operator.stop(signal.SIGTERM)
         events = self.operator_events()
         log("restart: operator stopped; starting it again with nothing changed")
-        with Phase(self, "restart") as ph:
+        profile = self.args.profile
+        with contextlib.ExitStack() as stack, Phase(self, "restart") as ph:
             t0 = time.monotonic()
-            op = self.start_operator()
+            if profile:  # py-spy attached once the process is alive, before it lists
+                op = self.start_operator(ready=False)
+                spy = stack.enter_context(
+                    PhaseProfile(op.proc.pid, profile / "restart.collapsed"))
+                wait_until_ready(op, 300)
+            else:
+                op = self.start_operator()
             ready = time.monotonic() - t0
             seen_all = None
             last, last_change = self.counters(), time.monotonic()
@@ -276,6 +300,8 @@ class Bench:
                 if seen_all is not None and time.monotonic() - last_change >= 10:
                     break
             settled = last_change - t0
+        if profile:
+            self.profiles["restart"] = spy.result
         self.result["restart"] = {
             **ph.summary(),
             "ready_seconds": round(ready, 2),

@@ -99,7 +99,7 @@ def _cpu_rows(r: dict[str, Any]) -> list[str]:
 
 
 def _profile_lines(r: dict[str, Any]) -> list[str]:
-    """The operator's py-spy profile per rollout round (`--profile DIR`)."""
+    """The operator's py-spy profile per rollout round and of the restart (`--profile DIR`)."""
     profiles = r.get("rollout_profiles") or {}
     out: list[str] = []
     for name, prof in profiles.items():
@@ -107,7 +107,8 @@ def _profile_lines(r: dict[str, Any]) -> list[str]:
         if not spy:
             continue
         if not out:
-            out = ["## Where the operator's CPU went in the rollout (py-spy, `--profile`)", ""]
+            out = ["## Where the operator's CPU went in the rollout and the restart (py-spy, "
+                   "`--profile`)", ""]
         areas = ", ".join(f"{a['area']} {a['share']:.0%}" for a in spy["by_area"][:8])
         top = ", ".join(f"{f['function']} ({f['file']}) {f['share']:.1%}" for f in spy["self"][:8])
         ours = ", ".join(f"{f['function']} {f['share']:.1%}" for f in spy["inclusive"][:8])
