@@ -30,6 +30,7 @@ other kinds are still listed, instead of ~10,000 workers held at once at 1,000 r
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -41,6 +42,15 @@ log = logging.getLogger(__name__)
 PATCHED = "_mtp_operator_patched"
 # kopf's own ToggleSet methods, kept when the patch is installed (tests compare with them)
 ORIGINALS: dict[str, Any] = {}
+
+
+def _kopf_module(name: str, otherwise: str) -> ModuleType | None:
+    """kopf's internal module `name`; None, with a warning saying `otherwise`, when it is gone."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        log.warning("kopf_tweaks: %s is gone; %s", name, otherwise)
+        return None
 
 
 def _mismatch(aiotoggles: ModuleType) -> str | None:
@@ -68,12 +78,9 @@ def apply(aiotoggles: ModuleType | None = None) -> bool:
     """Patch kopf's ToggleSet (once); True when the patch is in place. A kopf whose
     internals differ is left alone, with a warning: the operator works, only its start-up
     with many objects is slower."""
+    aiotoggles = aiotoggles or _kopf_module("kopf._cogs.aiokits.aiotoggles", "kopf left unpatched")
     if aiotoggles is None:
-        try:
-            from kopf._cogs.aiokits import aiotoggles
-        except ImportError:
-            log.warning("kopf_tweaks: kopf._cogs.aiokits.aiotoggles is gone; kopf left unpatched")
-            return False
+        return False
     cls = getattr(aiotoggles, "ToggleSet", None)
     if cls is not None and getattr(cls, PATCHED, False):
         return True
@@ -150,12 +157,9 @@ def slim_watch_events(
     projection; True when the wrapper is in place (a second call replaces the projections).
     A kopf whose watch module differs is left alone, with a warning: the operator works and
     holds more memory."""
+    watching = watching or _kopf_module("kopf._cogs.clients.watching", "events kept whole")
     if watching is None:
-        try:
-            from kopf._cogs.clients import watching
-        except ImportError:
-            log.warning("kopf_tweaks: kopf._cogs.clients.watching is gone; events kept whole")
-            return False
+        return False
     original = getattr(watching, "continuous_watch", None)
     if original is not None and getattr(original, PATCHED, False):
         original.projections = dict(projections or {})
@@ -215,12 +219,9 @@ def index_only_kinds_skip_the_gate(processing: ModuleType | None = None) -> bool
     """Wrap kopf's `process_resource_event` so that objects of index-only kinds do not wait
     at the start-up gate; True when the wrapper is in place. A kopf whose processing differs
     is left alone, with a warning: the operator works and holds more memory at start-up."""
+    processing = processing or _kopf_module("kopf._core.reactor.processing", "the gate kept")
     if processing is None:
-        try:
-            from kopf._core.reactor import processing
-        except ImportError:
-            log.warning("kopf_tweaks: kopf._core.reactor.processing is gone; the gate kept")
-            return False
+        return False
     original = getattr(processing, "process_resource_event", None)
     if original is not None and getattr(original, PATCHED, False):
         return True
