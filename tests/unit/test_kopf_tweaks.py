@@ -377,3 +377,76 @@ def test_a_kopf_whose_processing_differs_keeps_the_gate(caplog: pytest.LogCaptur
         assert not kopf_tweaks.index_only_kinds_skip_the_gate(fake)  # type: ignore[arg-type]
     assert fake.process_resource_event is process_resource_event
     assert "the gate kept" in caplog.text and "operator_indexed" in caplog.text
+
+
+# ---- JSON parsed with orjson --------------------------------------------------------------
+
+
+def test_loads_gives_json_loads_values_and_takes_what_orjson_refuses() -> None:
+    import json
+
+    from mtp_operator import builders
+    from mtp_operator.planning import plan_pool
+    from mtp_operator.validation import spec_problems
+
+    spec, problems = spec_problems({"model": "deepseek-ai/DeepSeek-V3"})
+    assert spec is not None and not problems
+    objs = builders.desired_objects("res", "ns", "uid", spec, [plan_pool(spec, "NVIDIA-H200")],
+                                    "img:1")
+    doc = json.dumps({"kind": "List", "items": objs, "n": -2**63, "f": 0.1, "u": "é\u2028"})
+    assert kopf_tweaks.loads(doc) == json.loads(doc)
+    assert kopf_tweaks.loads(doc.encode()) == json.loads(doc)
+    # orjson refuses NaN; the standard library's reading of it is kept
+    value = kopf_tweaks.loads('{"x": NaN}')["x"]
+    assert value != value
+
+
+def test_fast_json_makes_kopfs_pages_and_watch_lines_use_loads(monkeypatch) -> None:
+    """On kopf's own api module and aiohttp's own ClientResponse: the watch lines' json.loads
+    and a real response's .json() (a loopback server) go through kopf_tweaks.loads."""
+    import aiohttp
+    from aiohttp import web
+    from kopf._cogs.clients import api
+
+    monkeypatch.setattr(api, "json", api.json)
+    monkeypatch.setitem(aiohttp.ClientResponse.json.__kwdefaults__, "loads",
+                        aiohttp.ClientResponse.json.__kwdefaults__["loads"])
+    calls: list[object] = []
+    real = kopf_tweaks.loads
+    monkeypatch.setattr(kopf_tweaks, "loads", lambda text: calls.append(text) or real(text))
+    monkeypatch.setattr(kopf_tweaks._JSON, "loads", kopf_tweaks.loads)
+    assert kopf_tweaks.fast_json()
+    assert api.json.loads('{"a": [1]}') == {"a": [1]} and len(calls) == 1
+    assert api.json.dumps({"a": 1}) == '{"a": 1}'  # the rest of json as it was
+
+    async def scenario() -> object:
+        async def page(_: web.Request) -> web.Response:
+            return web.json_response({"items": [{"a": 1}]})
+
+        app = web.Application()
+        app.router.add_get("/", page)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{port}/") as response:
+                    return await response.json()
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == {"items": [{"a": 1}]}
+    assert len(calls) == 2
+
+
+def test_an_aiohttp_with_another_json_default_is_left_alone(caplog) -> None:
+    class Response:
+        async def json(self, *, loads=lambda s: s) -> object:
+            return None
+
+    fake_api = types.SimpleNamespace(json=__import__("json"))
+    with caplog.at_level(logging.WARNING):
+        assert not kopf_tweaks.fast_json(fake_api, Response)  # type: ignore[arg-type]
+    assert fake_api.json is __import__("json") and "JSON parsed as before" in caplog.text
