@@ -25,13 +25,6 @@ until every kind is indexed, so that handlers see whole indexes. An object of a 
 indexes and no other handler (pods and Services here) has nothing to do after its indexing:
 its worker drops its toggle as before and goes on at once, so its memory is freed while the
 other kinds are still listed, instead of ~10,000 workers held at once at 1,000 resources.
-
-4. JSON parsed with orjson (`fast_json`). kopf decodes every list page (aiohttp's
-`ClientResponse.json`) and every watch line (`json.loads` in its api module) with the
-standard library; at a restart that was a quarter of the operator's CPU (py-spy,
-bench/results). orjson parses the same documents into the same values several times faster
-(and shares the keys it has seen); whatever it refuses (NaN, invalid UTF-8) goes to the
-standard library as before, so nothing that parsed before fails now.
 """
 
 from __future__ import annotations
@@ -39,16 +32,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import ModuleType
 from typing import Any
-
-try:
-    import orjson
-except ImportError:  # a dependency; without it kopf parses JSON as it does
-    orjson = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -260,46 +247,4 @@ def index_only_kinds_skip_the_gate(processing: ModuleType | None = None) -> bool
     process_resource_event.__wrapped__ = original  # type: ignore[attr-defined]
     processing.process_resource_event = process_resource_event
     log.info("kopf_tweaks: objects of index-only kinds skip the start-up gate")
-    return True
-
-
-def loads(text: str | bytes) -> Any:
-    """orjson.loads, or json.loads for what orjson refuses: the same values as json.loads for
-    any document the API server sends (its integers are int64; orjson reads larger ones as
-    floats)."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)
-
-
-# the json module as kopf's api module sees it after fast_json: everything of json, but loads
-_JSON = ModuleType("json")
-_JSON.__dict__.update({k: v for k, v in vars(json).items() if not k.startswith("__")})
-_JSON.loads = loads  # type: ignore[attr-defined]
-
-
-def fast_json(api: ModuleType | None = None, response_cls: Any = None) -> bool:
-    """kopf's list pages and watch lines parsed by `loads`; True when both are in place. A
-    kopf or aiohttp whose internals differ is left alone, with a warning."""
-    if orjson is None:
-        log.warning("kopf_tweaks: orjson is not installed; kopf parses JSON as it does")
-        return False
-    api = api or _kopf_module("kopf._cogs.clients.api", "kopf parses JSON as it does")
-    if response_cls is None:
-        import aiohttp
-
-        response_cls = aiohttp.ClientResponse
-    if api is None:
-        return False
-    defaults = getattr(getattr(response_cls, "json", None), "__kwdefaults__", None) or {}
-    module_json = getattr(api, "json", None)
-    if defaults.get("loads") not in (json.loads, loads) or module_json not in (json, _JSON):
-        log.warning("kopf_tweaks: kopf or aiohttp internals changed (no json module in kopf's "
-                    "api, or aiohttp's ClientResponse.json has another loads); JSON parsed as "
-                    "before")
-        return False
-    defaults["loads"] = loads  # every aiohttp client in this process: the same values
-    api.json = _JSON
-    log.info("kopf_tweaks: kopf's JSON parsed with orjson")
     return True
