@@ -53,22 +53,6 @@ from mtp_operator.adapters.kube import MTPInferenceResource
 from support.operator_proc import OperatorProcess
 
 
-def wait_until_ready(op: OperatorProcess, timeout: float) -> None:
-    """Until the operator's /readyz answers 200 (it started with ready=False)."""
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(op.url("/readyz"), timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"operator not ready in {timeout}s:\n{op.log_tail()}")
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         from sandbox import Sandbox
@@ -283,7 +267,7 @@ class Bench:
                 op = self.start_operator(ready=False)
                 spy = stack.enter_context(
                     PhaseProfile(op.proc.pid, profile / "restart.collapsed"))
-                wait_until_ready(op, 300)
+                op.wait_for("/readyz", 300)
             else:
                 op = self.start_operator()
             ready = time.monotonic() - t0

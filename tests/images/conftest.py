@@ -3,7 +3,10 @@ import warnings
 import pytest
 
 from support.cluster_fixtures import crd_installed  # noqa: F401
-from support.images import container, remove_stale_containers  # noqa: F401
+from support.images import (
+    container,  # noqa: F401
+    remove_stale_containers,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -53,12 +53,15 @@ class OperatorProcess:
         self.proc = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+        return self.wait_for("/readyz" if ready else "/healthz", timeout)
+
+    def wait_for(self, path: str, timeout: float) -> OperatorProcess:
+        """Until `path` (/readyz, /healthz) answers 200; raises if the process exits first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"operator exited {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                path = "/readyz" if ready else "/healthz"
                 with urllib.request.urlopen(self.url(path), timeout=1) as r:
                     if r.status == 200:
                         return self

@@ -6,6 +6,7 @@ apply, no pass for a pool event the last pass saw, and indexed bodies without ma
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import UTC, datetime
 
 import pytest
@@ -250,14 +251,12 @@ async def test_a_start_makes_one_pass_a_resource(monkeypatch, nodes_first) -> No
     rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
     passes = _count_passes(rec, monkeypatch)
 
-    async def node_event() -> None:
-        await _node_event(rec)
-
     async def listed_events() -> None:
         for key in keys:
             await _listed_event(rec, view, key)
 
-    first, then = (node_event, listed_events) if nodes_first else (listed_events, node_event)
+    nodes = functools.partial(_node_event, rec)
+    first, then = (nodes, listed_events) if nodes_first else (listed_events, nodes)
     await first()
     view.nodes[0] = node("h0", H100)  # a node's heartbeat between: an equal new object
     await then()

@@ -206,13 +206,13 @@ class _DropsWithoutWaiting:
         return None
 
 
-def index_only(registry: Any, resource: Any) -> bool | None:
+def index_only(registry: Any, resource: Any) -> bool:
     """True when `resource` has no handler that runs after kopf's start-up gate (only
-    indexes); None when the registry is not what this was written for."""
+    indexes); False too when the registry is not what this was written for (the gate kept)."""
     try:
         return not any(getattr(registry, name).has_handlers(resource) for name in AFTER_THE_GATE)
     except AttributeError:
-        return None
+        return False
 
 
 def index_only_kinds_skip_the_gate(processing: ModuleType | None = None) -> bool:
@@ -231,7 +231,7 @@ def index_only_kinds_skip_the_gate(processing: ModuleType | None = None) -> bool
         log.warning("kopf_tweaks: kopf internals changed (process_resource_event takes no "
                     "%s); the gate kept", ", ".join(sorted(wanted - params)) or "coroutine")
         return False
-    verdicts: dict[tuple[str, str, str], bool | None] = {}
+    verdicts: dict[tuple[str, str, str], bool] = {}
 
     async def process_resource_event(**kwargs: Any) -> Any:
         gate = kwargs.get("operator_indexed")
