@@ -71,16 +71,48 @@ def gpu_node_from_body(body: Mapping[str, Any]) -> GPUNode | None:
     )
 
 
-def fitting_products(spec: MTPInferenceSpec, nodes: Iterable[GPUNode]) -> list[str]:
+class NodeInventory:
+    """The GPU nodes as planning reads them, grouped once: every pass of every resource plans
+    against the same nodes until one changes, and scanning them all per pass made planning
+    O(resources x nodes) (1,000 resources on 500 nodes: ~0.2 ms a pass, tens of thousands of
+    passes in a rollout). Build one per version of the nodes and pass it where nodes go."""
+
+    def __init__(self, nodes: Iterable[GPUNode]) -> None:
+        self.nodes: tuple[GPUNode, ...] = tuple(nodes)
+        self.by_product: dict[str, list[GPUNode]] = {}
+        # per product: the most allocatable GPUs of one schedulable node (-1: none schedulable)
+        self.most_allocatable: dict[str, int] = {}
+        for n in self.nodes:
+            self.by_product.setdefault(n.product, []).append(n)
+            best = self.most_allocatable.get(n.product, -1)
+            if n.schedulable and n.allocatable_gpus > best:
+                best = n.allocatable_gpus
+            self.most_allocatable[n.product] = best
+
+    @classmethod
+    def of(cls, nodes: Iterable[GPUNode] | NodeInventory) -> NodeInventory:
+        return nodes if isinstance(nodes, NodeInventory) else cls(nodes)
+
+
+def fitting_products(
+    spec: MTPInferenceSpec, nodes: Iterable[GPUNode] | NodeInventory
+) -> list[str]:
     """GPU products with at least one schedulable node that can hold a replica, sorted."""
+    inventory = NodeInventory.of(nodes)
     selector = spec.node_selector or {}
-    products = {
-        n.product
-        for n in nodes
-        if n.schedulable
-        and n.allocatable_gpus >= spec.tensor_parallel_size
-        and all(n.labels.get(k) == v for k, v in selector.items())
-    }
+    if selector:
+        products = {
+            n.product
+            for n in inventory.nodes
+            if n.schedulable
+            and n.allocatable_gpus >= spec.tensor_parallel_size
+            and all(n.labels.get(k) == v for k, v in selector.items())
+        }
+    else:
+        products = {
+            p for p, most in inventory.most_allocatable.items()
+            if most >= spec.tensor_parallel_size
+        }
     if spec.gpu_products is not None:
         products &= set(spec.gpu_products)
     return sorted(products)
@@ -117,7 +149,7 @@ def _excluded_by_spec(spec: MTPInferenceSpec, product: str, nodes: list[GPUNode]
 
 def pool_fates(
     spec: MTPInferenceSpec,
-    nodes: Iterable[GPUNode],
+    nodes: Iterable[GPUNode] | NodeInventory,
     existing: Iterable[str],
     fitting: Iterable[str],
     gone_since: Mapping[str, datetime],
@@ -134,11 +166,10 @@ def pool_fates(
       retained until `grace_seconds` after `gone_since`, then removed.
     """
     fit = set(fitting)
-    by_product: dict[str, list[GPUNode]] = {}
-    for n in nodes:
-        by_product.setdefault(n.product, []).append(n)
     out: list[PoolFate] = []
-    for product in sorted(set(existing) - fit):
+    unfit = sorted(set(existing) - fit)
+    by_product = NodeInventory.of(nodes).by_product if unfit else {}
+    for product in unfit:
         of_product = by_product.get(product, [])
         if of_product:
             why = _excluded_by_spec(spec, product, of_product)

@@ -23,6 +23,7 @@ from mtp_operator.naming import ANNOTATION_GPU_PRODUCT
 from mtp_operator.planning import (
     RETAINED_PRODUCT_GONE,
     GPUNode,
+    NodeInventory,
     PlanError,
     PoolFate,
     PoolPlan,
@@ -68,7 +69,7 @@ class Applied:
 def plan_pass(
     spec: MTPInferenceSpec | None,
     problems: Sequence[Problem],
-    nodes: Iterable[GPUNode],
+    nodes: Iterable[GPUNode] | NodeInventory,
     previous: MTPInferenceStatus,
     metadata: Mapping[str, Any],
     gpu_profiles: Mapping[str, int],
@@ -86,7 +87,7 @@ def plan_pass(
     tuning = carried(previous, spec, metadata.get("generation"))  # measured K (tuning/)
     canaries: dict[str, PoolPlan] = {}
     if spec is not None and not blocking:
-        nodes = list(nodes)
+        nodes = NodeInventory.of(nodes)
         products = fitting_products(spec, nodes)
         fates = pool_fates(
             spec, nodes, existing, products, gone_since(previous), now, grace_seconds

@@ -270,6 +270,29 @@ def test_settings_hash_is_stable() -> None:
     assert builders.settings_hash(reordered, 1) == builders.settings_hash(pod, 1) == _hash(a)
 
 
+@pytest.mark.parametrize("replicas", [0, 1, 3])
+def test_settings_hashes_keep_the_formula_running_pools_carry(replicas: int) -> None:
+    """The digests are sha256 of json.dumps({"pod": pod spec, "replicas": n}, sort_keys=True)
+    (the Deployment's annotation) and of {"pod": pod spec} (the pod template's), first 16 hex
+    digits: pools written by earlier versions carry these, and a different digest for the
+    same settings would rewrite (and restart) every pool on upgrade."""
+    import hashlib
+
+    dep = _deployment(_spec(replicas=replicas, speculative={"profiles": {"H100": 5}}),
+                      "NVIDIA-H100-80GB-HBM3")
+    pod = dep["spec"]["template"]["spec"]
+
+    def digest(value: Any) -> str:
+        return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+    assert dep["spec"]["replicas"] == replicas
+    assert _hash(dep) == digest({"pod": pod, "replicas": replicas})
+    template = dep["spec"]["template"]["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
+    assert template == digest({"pod": pod})
+    assert builders.settings_hashes(pod, replicas) == (_hash(dep), template)
+    assert builders.settings_hash(pod) == template
+
+
 @pytest.mark.parametrize(
     "change",
     [

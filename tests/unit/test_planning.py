@@ -10,6 +10,7 @@ import pytest
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.planning import (
     GPUNode,
+    NodeInventory,
     PlanError,
     fitting_products,
     gpu_node_from_body,
@@ -156,6 +157,44 @@ def test_gpu_products_allow_list() -> None:
     assert fitting_products(_spec(gpuProducts=["H100"]), nodes) == []
     assert fitting_products(_spec(gpuProducts=[]), nodes) == []
     assert fitting_products(_spec(), nodes) == [A100, H100, H200, L40S]
+
+
+def test_inventory_gives_the_products_the_definition_gives() -> None:
+    """fitting_products over a NodeInventory (built once per version of the nodes) against
+    the module's rule written out here: a product fits when one of its nodes is schedulable,
+    has tensorParallelSize allocatable GPUs and carries every nodeSelector label, among
+    gpuProducts when set. Random node sets and specs, the fast path (no selector) included."""
+    import random
+
+    rng = random.Random(7)
+    products = [H100, H200, A100, L40S]
+    for _ in range(400):
+        nodes = [
+            GPUNode(
+                f"n{i}", rng.choice(products), rng.choice([0, 1, 2, 4, 8]),
+                {k: rng.choice(["a", "b"]) for k in ("pool", "zone") if rng.random() < 0.7},
+                rng.random() < 0.7,
+            )
+            for i in range(rng.randint(0, 12))
+        ]
+        fields: dict[str, Any] = {"tensorParallelSize": rng.choice([1, 2, 4, 8])}
+        if rng.random() < 0.4:
+            fields["nodeSelector"] = {"pool": rng.choice(["a", "b"])}
+        if rng.random() < 0.3:
+            fields["gpuProducts"] = rng.sample(products, rng.randint(0, 3))
+        spec = _spec(**fields)
+        selector = fields.get("nodeSelector", {})
+        want = sorted(
+            {
+                n.product for n in nodes
+                if n.schedulable and n.allocatable_gpus >= fields["tensorParallelSize"]
+                and all(n.labels.get(k) == v for k, v in selector.items())
+                and n.product in fields.get("gpuProducts", products)
+            }
+        )
+        inventory = NodeInventory(nodes)
+        assert fitting_products(spec, inventory) == want, (nodes, fields)
+        assert fitting_products(spec, nodes) == want
 
 
 def test_mig_and_shared_products_are_their_own_pools() -> None:

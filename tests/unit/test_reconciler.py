@@ -16,7 +16,11 @@ from mtp_operator import builders
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.control import pool_writes
 from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
-from mtp_operator.naming import ANNOTATION_COMMAND, ANNOTATION_GPU_PRODUCT
+from mtp_operator.naming import (
+    ANNOTATION_COMMAND,
+    ANNOTATION_GPU_PRODUCT,
+    ANNOTATION_SETTINGS_HASH,
+)
 from mtp_operator.reconcile_plan import Applied, pass_status, plan_pass
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.status import ObservedPool
@@ -149,6 +153,34 @@ async def test_a_pool_status_change_does_not_diff_the_pool_again(cluster, monkey
     assert kube.deployments()[H100]["spec"]["replicas"] == 1
 
 
+async def test_rendered_objects_are_not_held_between_passes(cluster, monkeypatch) -> None:
+    """The desired objects (~9 KB a pool) are rendered when a pass compares a changed pool or
+    writes one, and let go when it ends; a pass for a pool's status change renders nothing."""
+    kube, view, rec = cluster
+    renders = []
+    real = builders.desired_objects
+    monkeypatch.setattr(builders, "desired_objects",
+                        lambda *a, **kw: renders.append(1) or real(*a, **kw))
+    await rec.reconcile(KEY)  # creates both pools
+    assert len(renders) == 1 and kube.count("apply") == 3
+    desired = rec.slot(KEY).desired_memo
+    assert desired is not None and desired._objects is None
+    view.deliver(kube)
+    await rec.reconcile(KEY)  # the watched pools, new to the drift memo: compared
+    assert len(renders) == 2 and desired._objects is None
+    view.deliver(kube, ready=True)  # only the Deployments' status changed
+    await rec.reconcile(KEY)
+    assert len(renders) == 2 and kube.statuses[KEY]["phase"] == "Ready"
+    assert rec.slot(KEY).desired_memo is desired and desired._objects is None
+    assert kube.count("apply") == 3
+    # a hand edit is compared against objects rendered again, and reverted
+    edited = copy.deepcopy(view.deployments[KEY][H100])
+    edited["spec"]["replicas"] = 5
+    view.deployments[KEY][H100] = edited
+    await rec.reconcile(KEY)
+    assert len(renders) == 3 and kube.deployments()[H100]["spec"]["replicas"] == 1
+
+
 async def test_a_pass_before_the_watch_does_not_create_twice(cluster) -> None:
     kube, _view, rec = cluster
     await rec.reconcile(KEY)
@@ -256,11 +288,17 @@ def test_desired_objects_are_the_builders_own(cluster) -> None:
     spec = MTPInferenceSpec.model_validate(SPEC)
     plan = plan_pass(spec, [], [node("h1", H100)], MTPInferenceStatus(), {}, {}, T0)
     rec._spec(KEY, {"spec": SPEC})
-    objs = rec._desired(KEY, "uid-res", spec, plan.pools)
-    assert objs == builders.desired_objects(
+    desired = rec._desired(KEY, "uid-res", spec, plan.pools)
+    want = builders.desired_objects(
         "res", "ml", "uid-res", spec, plan.pools, OperatorSettings().default_image, {}
     )
-    assert rec._desired(KEY, "uid-res", spec, plan.pools) is objs  # reused while unchanged
+    assert desired.objects() == want
+    assert desired.hashes == tuple(
+        d["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH] for d in want[1:]
+    )
+    assert rec._desired(KEY, "uid-res", spec, plan.pools) is desired  # reused while unchanged
+    desired.release()  # let go after a pass; rendered again, equal, when a pass needs them
+    assert desired.objects() == want
 
 
 class _GatedKube(FakeKube):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from lightkube import ApiError
@@ -69,7 +69,7 @@ class PoolWrites:
         self,
         key: Key,
         body: Mapping[str, Any],
-        desired: list[dict[str, Any]],
+        desired: builders.DesiredSet,
         plan: PassPlan,
         observed_bodies: Mapping[str, Mapping[str, Any]],
         previous: MTPInferenceStatus | None = None,
@@ -86,11 +86,11 @@ class PoolWrites:
             if self.view.has_service(key):
                 slot.service_seen = True
             elif slot.service_seen or since > SERVICE_WATCH_GRACE:
-                await self.kube.apply(desired[0])
+                await self.kube.apply(desired.objects()[0])
                 slot.service_applied, slot.service_seen = time.monotonic(), False
-            for obj, pool in zip(desired[1:], plan.pools, strict=True):
-                hashes[pool.gpu_product] = obj["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
-            await self._apply_pools(body, desired[1:], plan, observed_bodies, announced)
+            for digest, pool in zip(desired.hashes, plan.pools, strict=True):
+                hashes[pool.gpu_product] = digest
+            await self._apply_pools(body, desired, plan, observed_bodies, announced)
             await self._apply_canaries(key, body, plan)
             removed = await self._remove_pools(key, body, observed_bodies, plan)
             retained = await self._retained(key, body, previous, observed_bodies, plan)
@@ -206,7 +206,7 @@ class PoolWrites:
     async def _apply_pools(
         self,
         owner: Mapping[str, Any],
-        desired: Sequence[Mapping[str, Any]],
+        desired: builders.DesiredSet,
         plan: PassPlan,
         observed_bodies: Mapping[str, Mapping[str, Any]],
         announced: frozenset[str] = frozenset(),
@@ -218,8 +218,8 @@ class PoolWrites:
         others are posted."""
         results = await asyncio.gather(
             *(
-                self._apply_pool(owner, obj, pool, observed_bodies.get(pool.gpu_product))
-                for obj, pool in zip(desired, plan.pools, strict=True)
+                self._apply_pool(owner, desired, i, pool, observed_bodies.get(pool.gpu_product))
+                for i, pool in enumerate(plan.pools)
             ),
             return_exceptions=True,
         )
@@ -241,12 +241,14 @@ class PoolWrites:
         self,
         owner: Mapping[str, Any],
         product: str,
-        desired: Mapping[str, Any],
+        desired: builders.DesiredSet,
+        index: int,
         observed: Mapping[str, Any],
     ) -> list[str]:
-        """drifted_fields(desired, observed), reused while both are the same: most passes
-        of a rollout come from a pool's status changing, which leaves its spec and the
-        annotations drift reads as they were (compared whole, not by resourceVersion)."""
+        """drifted_fields(pool `index` of `desired`, observed), reused while both are the
+        same (the same DesiredSet: the same inputs): most passes of a rollout come from a
+        pool's status changing, which leaves its spec and the annotations drift reads as they
+        were (compared whole, not by resourceVersion)."""
         memos = self._owner_slot(owner).drift_memo
         spec = observed.get("spec")
         annotations = (observed.get("metadata") or {}).get("annotations")
@@ -257,22 +259,25 @@ class PoolWrites:
             # write returned, alive beside it (~30 KB a pool)
             memos[product] = (desired, spec, annotations, memo[3])
             return memo[3]
-        changed = drifted_fields(desired, observed)
+        changed = drifted_fields(desired.objects()[1 + index], observed)
         memos[product] = (desired, spec, annotations, changed)
         return changed
 
     async def _apply_pool(
         self,
         owner: Mapping[str, Any],
-        desired: Mapping[str, Any],
+        desired_set: builders.DesiredSet,
+        index: int,
         plan: PoolPlan,
         observed: Mapping[str, Any] | None,
     ) -> tuple[str, str, str] | None:
-        """Write one pool if it drifted; returns the Event (reason, message, type) to post."""
+        """Write pool `index` of `desired_set` if it drifted; returns the Event (reason,
+        message, type) to post."""
         if observed is not None:
-            changed = self._drift(owner, plan.gpu_product, desired, observed)
+            changed = self._drift(owner, plan.gpu_product, desired_set, index, observed)
             if not changed:
                 return None
+            desired = desired_set.objects()[1 + index]
             ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
             theirs = (
                 (observed.get("metadata") or {})
@@ -289,5 +294,6 @@ class PoolWrites:
                     "Warning",
                 )
             return REASON_POOL_UPDATED, pool_updated(plan), "Normal"
+        desired = desired_set.objects()[1 + index]
         await self._write_pool(owner, plan, desired)
         return REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"]), "Normal"

@@ -26,7 +26,7 @@ from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.control.pool_writes import PoolWrites
 from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
 from mtp_operator.model_cache import cache_problems, effective
-from mtp_operator.planning import PoolPlan
+from mtp_operator.planning import NodeInventory, PoolPlan
 from mtp_operator.reconcile_plan import (
     Applied,
     pass_status,
@@ -71,7 +71,7 @@ class _Slot:
     # The last pass's pure results, reused while their inputs are the same: most passes at
     # scale are for a pool's status change and find the same spec and the same plans.
     spec_memo: tuple[str, Any, Any] | None = None  # (spec as JSON, spec, problems)
-    desired_memo: tuple[Any, list[dict[str, Any]]] | None = None  # (inputs, objects)
+    desired_memo: builders.DesiredSet | None = None  # the objects, rendered when needed
     last_error: str | None = None  # the last unexpected error (its traceback is logged once)
     canaries: dict[str, str] = field(default_factory=dict)  # GPU product → canary pod applied
     # per GPU product, the pool Deployment the last pass saw: (resourceVersion, pool_inputs).
@@ -129,6 +129,7 @@ class Reconciler(PoolWrites):
         # the GPU nodes the last pass read and a number that changes whenever they differ
         self._nodes: list[Any] = []
         self._nodes_version = 0
+        self._inventory = NodeInventory(())
 
     def progress_interval(self) -> float:
         """Seconds between two progress-only status writes of one resource."""
@@ -154,6 +155,7 @@ class Reconciler(PoolWrites):
         self._progressing.clear()
         self._gpu_fingerprint = frozenset()
         self._nodes, self._nodes_version = [], self._nodes_version + 1
+        self._inventory = NodeInventory(())
 
     def reconcile_later(self, key: Key, delay: float) -> None:
         """One more pass of `key` in `delay` seconds (one timer per resource; the earliest)."""
@@ -253,16 +255,18 @@ class Reconciler(PoolWrites):
         self._gpu_fingerprint = fingerprint
         return changed
 
-    def nodes_seen(self) -> tuple[list[Any], int]:
-        """The GPU nodes now, and their version: the same version while they are equal to
-        the nodes read before, in order (a node's heartbeat replaces its object with an equal
-        one: the same version), so a pass that recorded a version read nodes equal to these;
-        any other list, even an equal one in another order, is a new version."""
+    def nodes_seen(self) -> tuple[NodeInventory, int]:
+        """The GPU nodes now, grouped for planning, and their version: the same version while
+        they are equal to the nodes read before, in order (a node's heartbeat replaces its
+        object with an equal one: the same version), so a pass that recorded a version read
+        nodes equal to these; any other list, even an equal one in another order, is a new
+        version. The grouping is built once per version, not once per pass."""
         nodes = list(self.view.gpu_nodes())
         if nodes != self._nodes:  # objects compared by identity first, then by value
             self._nodes_version += 1
+            self._inventory = NodeInventory(nodes)
         self._nodes = nodes
-        return nodes, self._nodes_version
+        return self._inventory, self._nodes_version
 
     def resource_news(self, key: Key, body: Mapping[str, Any]) -> bool:
         """Whether a watch event of the resource shows a version its last pass did not read
@@ -393,9 +397,12 @@ class Reconciler(PoolWrites):
                 key, meta.get("uid", ""), plan.spec, plan.pools, frozenset(plan.canaries)
             )
             rolled = frozenset(d.state.gpu_product for d in decisions if d.record is not None)
-            applied = await self.apply(
-                key, body, desired, plan, observed_bodies, previous, announced=rolled
-            )
+            try:
+                applied = await self.apply(
+                    key, body, desired, plan, observed_bodies, previous, announced=rolled
+                )
+            finally:
+                desired.release()  # not held between passes (builders.DesiredSet)
         elif plan.fates:  # nothing fits, but pools of products gone for good still go
             applied = Applied(removed=await self._remove_pools(key, body, observed_bodies, plan))
         if applied.settings_hashes and self.slot(key).pools:
@@ -426,9 +433,10 @@ class Reconciler(PoolWrites):
     def _desired(
         self, key: Key, uid: str, spec: MTPInferenceSpec, plans: list[PoolPlan],
         canaries: frozenset[str] = frozenset(),
-    ) -> list[dict[str, Any]]:
-        """builders.desired_objects (pure), reused while its inputs are the same. The spec
-        and each pool's K determine a plan's serve settings; the objects are never mutated."""
+    ) -> builders.DesiredSet:
+        """builders.desired_objects (pure) as a DesiredSet, the same one while its inputs are
+        the same. The spec and each pool's K determine a plan's serve settings; the objects
+        are never mutated."""
         slot = self.slot(key)
         assert slot.spec_memo is not None
         inputs = (
@@ -437,8 +445,9 @@ class Reconciler(PoolWrites):
             tuple((p.gpu_product, p.k, p.source, p.k_mode, p.serve) for p in plans),
             canaries,
         )
-        if slot.desired_memo is None or slot.desired_memo[0] != inputs:
-            objs = builders.desired_objects(
+        if slot.desired_memo is None or slot.desired_memo.inputs != inputs:
+            slot.desired_memo = builders.DesiredSet(
+                inputs,
                 key[1],
                 key[0],
                 uid,
@@ -449,8 +458,7 @@ class Reconciler(PoolWrites):
                 effective(spec, self.settings.model_cache),
                 canaries,
             )
-            slot.desired_memo = (inputs, objs)
-        return slot.desired_memo[1]
+        return slot.desired_memo
 
 class TransientReconcileError(RuntimeError):
     """The API server refused or failed a write; retried by the caller."""
