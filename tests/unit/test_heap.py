@@ -37,9 +37,7 @@ def test_a_cycle_frozen_while_alive_is_collected_by_the_next_refreeze() -> None:
     assert ref() is None and gc.get_freeze_count() > 0
 
 
-async def test_frozen_only_once_ready_then_again_every_interval(monkeypatch) -> None:
-    monkeypatch.setattr(heap, "READY_POLL_SECONDS", 0.01)
-    ready = False
+def _counting(monkeypatch) -> list[int]:
     refreezes: list[int] = []
     real = heap.refreeze
 
@@ -48,18 +46,51 @@ async def test_frozen_only_once_ready_then_again_every_interval(monkeypatch) -> 
         return real()
 
     monkeypatch.setattr(heap, "refreeze", counted)
-    task = asyncio.create_task(heap.keep_heap_frozen(lambda: ready, settle=0.05, every=0.1))
-    await asyncio.sleep(0.1)
-    assert not refreezes and gc.get_freeze_count() == 0  # not before the index is whole
+    return refreezes
+
+
+async def _until(cond, tries: int = 500) -> None:
+    for _ in range(tries):  # a full pass of a big test process takes a while
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_starting_heap_is_frozen_as_it_grows_and_collected_once_ready(monkeypatch) -> None:
+    """While starting (the index not yet whole) what was allocated is frozen every `step`
+    without a full pass; settle seconds after the index is whole one refreeze collects the
+    cycles that became garbage meanwhile, and refreezes follow every `every` seconds."""
+    refreezes = _counting(monkeypatch)
+    ready = False
+    task = asyncio.create_task(
+        heap.keep_heap_frozen(lambda: ready, settle=0.05, every=0.2, step=0.01)
+    )
+    node = Node()  # allocated while starting
+    ref = weakref.ref(node)
+    await _until(lambda: gc.get_freeze_count() > 0)
+    await asyncio.sleep(0.05)  # a few freezes later
+    del node
+    gc.collect()
+    assert ref() is not None and not refreezes  # frozen as it came, no full pass yet
     ready = True
-    for _ in range(500):  # after `settle` (a full pass of a big test process takes a while)
-        if refreezes:
-            break
-        await asyncio.sleep(0.01)
-    assert gc.get_freeze_count() > 0
-    for _ in range(500):  # and then again, every 0.1 s
-        if len(refreezes) >= 3:
-            break
-        await asyncio.sleep(0.01)
+    await _until(lambda: bool(refreezes))
+    assert refreezes and ref() is None  # the first refreeze collected it
+    await _until(lambda: len(refreezes) >= 3)
     task.cancel()
     assert len(refreezes) >= 3
+
+
+async def test_a_start_that_never_ends_still_collects_every_interval(monkeypatch) -> None:
+    """An index that never becomes whole (API server away) does not keep garbage frozen
+    for good: a refreeze every `every` seconds all the same."""
+    refreezes = _counting(monkeypatch)
+    task = asyncio.create_task(
+        heap.keep_heap_frozen(lambda: False, settle=0.05, every=0.1, step=0.01)
+    )
+    node = Node()
+    ref = weakref.ref(node)
+    await asyncio.sleep(0.03)
+    del node
+    await _until(lambda: len(refreezes) >= 2)
+    task.cancel()
+    assert len(refreezes) >= 2 and ref() is None
