@@ -120,6 +120,16 @@ class Bench:
         self.operator = op
         return op.start(timeout=300, ready=ready)
 
+    def gc_seconds(self) -> dict[str, float]:
+        """The operator's garbage-collector CPU seconds so far (mtp_operator_gc_seconds_total):
+        all generations, and the full passes (generation 2)."""
+        assert self.operator is not None
+        name = "mtp_operator_gc_seconds_total"
+        return {
+            "all": round(self.operator.metric(name), 2),
+            "full": round(self.operator.metric(f'{name}{{generation="2"}}'), 2),
+        }
+
     def counters(self) -> dict[str, float]:
         assert self.operator is not None
         return {n: self.operator.metric(f"mtp_operator_{n}_total") for n in OPERATOR_COUNTERS}
@@ -231,6 +241,7 @@ class Bench:
             "operator_counters": self.counters(),
             "writes": rollout_writes(ph.operator_requests, len(deps), len(names)),
             "operator_cpu_seconds": ph.cpu.get("operator"),
+            "operator_gc_seconds": self.gc_seconds(),
             "operator_peak_rss_mib": round(peak_rss_mib(op.proc.pid), 1),
         }
         log(
@@ -294,6 +305,7 @@ class Bench:
             "operator_counters": last,
             "operator_events_posted": len(self.operator_events() - events),
             "operator_cpu_seconds": round(cpu_seconds(op.proc.pid), 2),
+            "operator_gc_seconds": self.gc_seconds(),
             "operator_peak_rss_mib": round(peak_rss_mib(op.proc.pid), 1),
         }
         log(

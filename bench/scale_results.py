@@ -50,6 +50,16 @@ def _verbs(d: Mapping[str, int]) -> str:
     return ", ".join(f"{v} {n}" for v, n in d.items() if n) or "none"
 
 
+def _gc_note(phase: dict[str, Any]) -> str:
+    """', of which the garbage collector X s (full passes Y s), whole life so far' when the
+    run recorded it (mtp_operator_gc_seconds_total; runs before 2026-12-04 did not)."""
+    gc_s = phase.get("operator_gc_seconds")
+    if not gc_s:
+        return ""
+    return (f"; of it the garbage collector {gc_s['all']} s, its full passes {gc_s['full']} s "
+            "(process life so far)")
+
+
 def _mark(ok: bool) -> str:
     return "met" if ok else "**MISSED**"
 
@@ -173,7 +183,7 @@ def markdown(r: dict[str, Any]) -> str:
         + " | |",
         *_cpu_rows(r),
         *_writes_rows(r),
-        f"| operator CPU during the run | {op['operator_cpu_seconds']} s | |",
+        f"| operator CPU during the run{_gc_note(op)} | {op['operator_cpu_seconds']} s | |",
         f"| operator peak RSS (VmHWM, whole life so far; restart: "
         f"{rs['operator_peak_rss_mib']} MiB) | {op['operator_peak_rss_mib']} MiB | <= "
         f"{TARGET_RSS_MIB} MiB: {_mark(max(op['operator_peak_rss_mib'], rs['operator_peak_rss_mib']) <= TARGET_RSS_MIB)} |",  # noqa: E501
@@ -202,7 +212,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"0: {_mark(not restart_api)} |",
         f"| restart: operator's API requests, all (audit) | "
         f"{_verbs(rs['operator_requests_by_verb'])} | |",
-        f"| restart: operator CPU / peak RSS | {rs['operator_cpu_seconds']} s / "
+        f"| restart: operator CPU / peak RSS{_gc_note(rs)} | {rs['operator_cpu_seconds']} s / "
         f"{rs['operator_peak_rss_mib']} MiB | |",
         "",
         "## API requests by verb (kube-apiserver's apiserver_request_total, all clients)",

@@ -94,3 +94,27 @@ async def test_a_start_that_never_ends_still_collects_every_interval(monkeypatch
     await _until(lambda: len(refreezes) >= 2)
     task.cancel()
     assert len(refreezes) >= 2 and ref() is None
+
+
+def test_collector_time_is_counted_once_per_generation() -> None:
+    """mtp_operator_gc_seconds_total: the full passes' CPU time shows under generation 2
+    (the callback is installed once, however often it is asked for)."""
+    from mtp_operator.adapters.telemetry import REGISTRY, count_gc_seconds
+
+    def seconds(generation: str) -> float:
+        value = REGISTRY.get_sample_value(
+            "mtp_operator_gc_seconds_total", {"generation": generation}
+        )
+        return value or 0.0
+
+    count_gc_seconds()
+    count_gc_seconds()
+    installed = [cb for cb in gc.callbacks if getattr(cb, "__qualname__", "").startswith(
+        "count_gc_seconds")]
+    assert len(installed) == 1
+    before = seconds("2")
+    keep = [[Node() for _ in range(1000)] for _ in range(50)]  # something to walk
+    for _ in range(3):
+        gc.collect(2)
+    assert seconds("2") > before
+    del keep

@@ -22,7 +22,7 @@ from lightkube import AsyncClient, ConfigError, KubeConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mtp_operator.adapters.kube import KubeClient
-from mtp_operator.adapters.telemetry import REGISTRY
+from mtp_operator.adapters.telemetry import REGISTRY, count_gc_seconds
 from mtp_operator.addresses import parse_address
 from mtp_operator.app import handlers, kopf_tweaks
 from mtp_operator.control.alert_server import serve_alerts
@@ -156,6 +156,7 @@ async def run(opts: RunOptions) -> int:
     # of writes (100 alerts at once) opened a TLS connection per request beyond the pool's
     # keep-alive ones, and the handshakes cost CPU on both ends (bench/results/profiles/).
     client = AsyncClient(field_manager="mtp-operator", http2=True)
+    count_gc_seconds()
     kube = KubeClient(client)
     view = handlers.KopfView()
     reconciler = Reconciler(kube, view, opts.settings)
