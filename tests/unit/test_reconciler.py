@@ -181,6 +181,39 @@ async def test_rendered_objects_are_not_held_between_passes(cluster, monkeypatch
     assert len(renders) == 3 and kube.deployments()[H100]["spec"]["replicas"] == 1
 
 
+async def test_a_pool_event_with_nothing_new_moves_what_was_read_to_the_new_copy(cluster) -> None:
+    """A Deployment event that changes nothing a pass reads (here a condition the controller
+    adds) brings no pass; what the last pass read and compared for drift is taken from the
+    new copy from then on, so the older equal copy is not held beside the one the index
+    keeps (a second copy of every settled pool's spec)."""
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    await rec.reconcile(KEY)
+    slot = rec.slot(KEY)
+    old = view.deployments[KEY][H100]
+    assert slot.seen_pools[H100][1][1] is old["spec"]
+    assert slot.drift_memo[H100][1] is old["spec"]
+    new = copy.deepcopy(old)
+    new["metadata"]["resourceVersion"] = str(int(old["metadata"]["resourceVersion"]) + 1)
+    new["status"]["conditions"] = [{"type": "Available", "status": "True",
+                                    "reason": "MinimumReplicasAvailable"}]
+    view.deployments[KEY][H100] = new
+    rec.pool_seen(KEY, new)
+    assert not rec.pool_news(KEY, new)
+    assert slot.seen_pools[H100][1][1] is new["spec"]
+    assert slot.seen_pools[H100][0] == int(new["metadata"]["resourceVersion"])
+    memo = slot.drift_memo[H100]
+    assert memo[1] is new["spec"] and memo[2] is new["metadata"]["annotations"]
+    assert memo[3] == []  # the drift result of the same comparison, kept
+    # a real change is still news, and is not taken over without a pass
+    edited = copy.deepcopy(new)
+    edited["metadata"]["resourceVersion"] = str(int(new["metadata"]["resourceVersion"]) + 1)
+    edited["spec"]["replicas"] = 3
+    assert rec.pool_news(KEY, edited)
+    assert slot.seen_pools[H100][1][1] is new["spec"]
+
+
 async def test_a_pass_before_the_watch_does_not_create_twice(cluster) -> None:
     kube, _view, rec = cluster
     await rec.reconcile(KEY)

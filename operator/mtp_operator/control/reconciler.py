@@ -201,16 +201,29 @@ class Reconciler(PoolWrites):
             self._forget_our_pool(slot, product)
 
     def pool_news(self, key: Key, body: Mapping[str, Any]) -> bool:
-        """Whether a pool Deployment's watch event shows what the last pass did not see."""
+        """Whether a pool Deployment's watch event shows what the last pass did not see.
+        When it shows nothing new, what the last pass read (and compared for drift) is
+        taken from this copy from now on, the one the watch's index keeps: an older equal
+        copy of the pool's spec (~6 KB) is then no longer held beside it until a pass comes."""
         slot = self._slots.get(key)
         if slot is None:
             return True
-        seen = slot.seen_pools.get(product_of(body) or "")
+        product = product_of(body) or ""
+        seen = slot.seen_pools.get(product)
         if seen is None:
             return True
-        if resource_version(body) <= seen[0]:
+        version = resource_version(body)
+        if version <= seen[0]:
             return False
-        return pool_inputs(body, observe_deployment(body)) != seen[1]
+        inputs = pool_inputs(body, observe_deployment(body))
+        if inputs != seen[1]:
+            return True
+        slot.seen_pools[product] = (version, inputs)
+        _, spec, _, annotations, *_ = inputs
+        memo = slot.drift_memo.get(product)
+        if memo is not None and memo[1] == spec and memo[2] == annotations:
+            slot.drift_memo[product] = (memo[0], spec, annotations, memo[3])
+        return False
 
     def own_status_echo(self, key: Key, body: Mapping[str, Any]) -> bool:
         """Whether a watch event of the resource is our own last status write coming back:
