@@ -167,9 +167,11 @@ async def test_a_pool_event_the_last_pass_saw_is_no_news() -> None:
     await rec.reconcile(KEY)
     assert not any(rec.pool_news(KEY, d) for d in pools.values())  # ... this one all
     seen = pools[H100]
+    versions = iter(range(999, 2000))  # each event a later version, as a watch brings them
 
     def newer(**changes: object) -> dict:
-        body = {**seen, "metadata": {**seen["metadata"], "resourceVersion": "999"}}
+        version = str(next(versions))
+        body = {**seen, "metadata": {**seen["metadata"], "resourceVersion": version}}
         for part, value in changes.items():
             if part in ("labels", "annotations"):
                 body["metadata"] = {**body["metadata"], part: value}
