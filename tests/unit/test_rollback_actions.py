@@ -283,3 +283,46 @@ async def test_a_wide_request_leaves_room_for_the_requests_beside_it() -> None:
     assert most <= WIDE_REQUEST_PASSES + 1, most  # its passes, and the side request's
     # the side pool was written before most of the wide request's pools
     assert order.index("side-h100-80gb-hbm3") < 2 * WIDE_REQUEST_PASSES, order
+
+
+async def test_a_rollback_write_does_not_wait_behind_a_rollouts_writes(serving) -> None:
+    """Ordinary passes' Deployment and Service writes take turns (at most
+    BULK_WRITES_IN_FLIGHT at once); a pass that rolls a pool back writes at once, even while
+    every turn is taken by writes the API server has not answered yet."""
+    import asyncio
+
+    kube, view, actions, _clock = serving
+    reconciler = actions.reconciler
+    reconciler._bulk_writes = asyncio.Semaphore(2)
+    gate = asyncio.Event()
+    real_apply = kube.apply
+    in_flight: list[str] = []
+    most = [0]
+
+    async def apply(obj):
+        name = obj["metadata"]["name"]
+        if not name.startswith("res-"):  # the rollout's objects wait for the gate
+            in_flight.append(name)
+            most[0] = max(most[0], len(in_flight))
+            try:
+                await gate.wait()
+            finally:
+                in_flight.remove(name)
+        return await real_apply(obj)
+
+    kube.apply = apply
+    others = [f"other{i}" for i in range(3)]  # 3 new resources: 3 Services, 6 Deployments
+    for name in others:
+        view.add(mtpinference(name, {"model": "org/model", "tensorParallelSize": 8}))
+    rollout = [asyncio.create_task(reconciler.reconcile(("ml", n))) for n in others]
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert len(in_flight) == 2  # two turns, both taken
+    outcome = await asyncio.wait_for(actions.apply_signals([low_hit_rate()]), 5)
+    assert outcome.rolled_back == 1 and k_of(kube.deployments()[H100]) == 5
+    assert len(in_flight) == 2  # still waiting: the rollback did not take a turn
+    gate.set()
+    await asyncio.gather(*rollout)
+    assert most[0] == 2
+    created = {name for (kind, _ns, name) in kube.objects if kind == "Deployment"}
+    assert sum(n.startswith("other") for n in created) == 6

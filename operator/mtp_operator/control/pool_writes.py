@@ -7,6 +7,7 @@ per-resource slots remember what was applied until the watch shows it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -51,6 +52,13 @@ log = logging.getLogger(__name__)
 # means someone deleted it) or, should the watch never show it, this many seconds. Under a
 # large rollout the watch can take over a minute to deliver it.
 SERVICE_WATCH_GRACE = 300.0
+# At most this many Deployment and Service writes of ordinary passes in flight at once. A
+# rollout of N resources asks for 5N writes within seconds; sent at once, each held its
+# request and response objects (lightkube's model, the JSON both ways: ~40 KB) until the API
+# server, which works through them at its own pace anyway, answered: at 250 resources a
+# transient of ~45 MiB of the operator's 80 (tracemalloc), its peak. The writes of a pass
+# that rolls a pool back do not wait here.
+BULK_WRITES_IN_FLIGHT = 32
 
 
 class PoolWrites:
@@ -59,6 +67,11 @@ class PoolWrites:
     kube: Kube
     view: ClusterView
     settings: OperatorSettings
+    _bulk_writes: asyncio.Semaphore  # BULK_WRITES_IN_FLIGHT, made by the reconciler
+
+    def _in_turn(self, urgent: bool = False) -> Any:
+        """The slot a write waits for (none for an urgent one)."""
+        return contextlib.nullcontext() if urgent else self._bulk_writes
 
     if TYPE_CHECKING:
         def slot(self, key: Key) -> Any: ...
@@ -86,7 +99,8 @@ class PoolWrites:
             if self.view.has_service(key):
                 slot.service_seen = True
             elif slot.service_seen or since > SERVICE_WATCH_GRACE:
-                await self.kube.apply(desired.objects()[0])
+                async with self._in_turn():
+                    await self.kube.apply(desired.objects()[0])
                 slot.service_applied, slot.service_seen = time.monotonic(), False
             for digest, pool in zip(desired.hashes, plan.pools, strict=True):
                 hashes[pool.gpu_product] = digest
@@ -178,11 +192,13 @@ class PoolWrites:
         plan: PoolPlan,
         desired: Mapping[str, Any],
         replace_rv: str | None = None,
+        urgent: bool = False,
     ) -> None:
-        if replace_rv is not None:  # someone added fields: only a full replace removes them
-            out = await self.kube.replace(desired, replace_rv)
-        else:
-            out = await self.kube.apply(desired)
+        async with self._in_turn(urgent):
+            if replace_rv is not None:  # someone added fields: only a full replace removes them
+                out = await self.kube.replace(desired, replace_rv)
+            else:
+                out = await self.kube.apply(desired)
         OPERATOR_METRICS.deployment_writes.inc()
         if resource_version(out):
             self._owner_slot(owner).pools[plan.gpu_product] = out
@@ -218,7 +234,10 @@ class PoolWrites:
         others are posted."""
         results = await asyncio.gather(
             *(
-                self._apply_pool(owner, desired, i, pool, observed_bodies.get(pool.gpu_product))
+                self._apply_pool(
+                    owner, desired, i, pool, observed_bodies.get(pool.gpu_product),
+                    urgent=pool.gpu_product in announced,
+                )
                 for i, pool in enumerate(plan.pools)
             ),
             return_exceptions=True,
@@ -270,9 +289,10 @@ class PoolWrites:
         index: int,
         plan: PoolPlan,
         observed: Mapping[str, Any] | None,
+        urgent: bool = False,
     ) -> tuple[str, str, str] | None:
-        """Write pool `index` of `desired_set` if it drifted; returns the Event (reason,
-        message, type) to post."""
+        """Write pool `index` of `desired_set` if it drifted (`urgent`: without waiting for
+        the other passes' writes); returns the Event (reason, message, type) to post."""
         if observed is not None:
             changed = self._drift(owner, plan.gpu_product, desired_set, index, observed)
             if not changed:
@@ -286,7 +306,7 @@ class PoolWrites:
             )
             added = any(c.startswith("added ") for c in changed)
             rv = (observed.get("metadata") or {}).get("resourceVersion") if added else None
-            await self._write_pool(owner, plan, desired, rv)
+            await self._write_pool(owner, plan, desired, rv, urgent)
             if ours == theirs:
                 return (
                     REASON_MANUAL_CHANGE_REVERTED,
@@ -295,5 +315,5 @@ class PoolWrites:
                 )
             return REASON_POOL_UPDATED, pool_updated(plan), "Normal"
         desired = desired_set.objects()[1 + index]
-        await self._write_pool(owner, plan, desired)
+        await self._write_pool(owner, plan, desired, urgent=urgent)
         return REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"]), "Normal"

@@ -23,7 +23,7 @@ from mtp_operator import builders
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
-from mtp_operator.control.pool_writes import PoolWrites
+from mtp_operator.control.pool_writes import BULK_WRITES_IN_FLIGHT, PoolWrites
 from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
 from mtp_operator.model_cache import cache_problems, effective
 from mtp_operator.planning import NodeInventory, PoolPlan
@@ -130,6 +130,7 @@ class Reconciler(PoolWrites):
         self._nodes: list[Any] = []
         self._nodes_version = 0
         self._inventory = NodeInventory(())
+        self._bulk_writes = asyncio.Semaphore(BULK_WRITES_IN_FLIGHT)
 
     def progress_interval(self) -> float:
         """Seconds between two progress-only status writes of one resource."""
