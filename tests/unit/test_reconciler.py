@@ -214,6 +214,27 @@ async def test_a_pool_event_with_nothing_new_moves_what_was_read_to_the_new_copy
     assert slot.seen_pools[H100][1][1] is new["spec"]
 
 
+async def test_a_pass_with_nothing_to_write_runs_through_without_yielding(cluster) -> None:
+    """Which pools drifted is decided before any write is awaited: a pass with nothing to
+    write finishes in one step, so passes at a restart (1,000 at once) run one after the
+    other, each letting go of its rendered objects, instead of all being under way at once."""
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    await rec.reconcile(KEY)
+    calls = len(kube.calls)
+    step = rec.reconcile(KEY).__await__()
+    with pytest.raises(StopIteration):
+        step.send(None)  # done at the first step: it never waited
+    assert len(kube.calls) == calls  # and wrote nothing
+    # a pass with a write to make does wait for it (the write is a real await)
+    edited = copy.deepcopy(view.deployments[KEY][H100])
+    edited["spec"]["replicas"] = 5
+    view.deployments[KEY][H100] = edited
+    await rec.reconcile(KEY)
+    assert kube.deployments()[H100]["spec"]["replicas"] == 1
+
+
 async def test_a_pass_before_the_watch_does_not_create_twice(cluster) -> None:
     kube, _view, rec = cluster
     await rec.reconcile(KEY)

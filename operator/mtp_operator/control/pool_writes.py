@@ -231,24 +231,32 @@ class PoolWrites:
         independent: a rollback of three pools waits for one round trip, not three), then
         their Events, so no write waits behind an Event: one per reason, naming its pools
         (events.pool_messages). The first failed write is raised after the Events of the
-        others are posted."""
+        others are posted. Which pools drifted is decided first, without waiting: a pass
+        with nothing to write never yields to other passes (at a restart all of them would
+        otherwise be under way at once, each holding its rendered objects)."""
+        writes = [
+            (pool, write)
+            for i, pool in enumerate(plan.pools)
+            if (write := self._pool_write(owner, desired, i, pool,
+                                          observed_bodies.get(pool.gpu_product))) is not None
+        ]
+        if not writes:
+            return
         results = await asyncio.gather(
             *(
-                self._apply_pool(
-                    owner, desired, i, pool, observed_bodies.get(pool.gpu_product),
-                    urgent=pool.gpu_product in announced,
-                )
-                for i, pool in enumerate(plan.pools)
+                self._write_pool(owner, pool, obj, rv, urgent=pool.gpu_product in announced)
+                for pool, (obj, rv, _event) in writes
             ),
             return_exceptions=True,
         )
         by_reason: dict[tuple[str, str], list[str]] = {}
-        for pool, result in zip(plan.pools, results, strict=True):
-            if isinstance(result, tuple) and not (
-                result[0] == REASON_POOL_UPDATED and pool.gpu_product in announced
+        for (pool, (_obj, _rv, event)), result in zip(writes, results, strict=True):
+            if isinstance(result, BaseException) or (
+                event[0] == REASON_POOL_UPDATED and pool.gpu_product in announced
             ):
-                reason, message, type_ = result
-                by_reason.setdefault((reason, type_), []).append(message)
+                continue
+            reason, message, type_ = event
+            by_reason.setdefault((reason, type_), []).append(message)
         for (reason, type_), messages in by_reason.items():
             for message in pool_messages(messages):
                 await self.kube.event(owner, reason, message, type_)
@@ -282,38 +290,37 @@ class PoolWrites:
         memos[product] = (desired, spec, annotations, changed)
         return changed
 
-    async def _apply_pool(
+    def _pool_write(
         self,
         owner: Mapping[str, Any],
         desired_set: builders.DesiredSet,
         index: int,
         plan: PoolPlan,
         observed: Mapping[str, Any] | None,
-        urgent: bool = False,
-    ) -> tuple[str, str, str] | None:
-        """Write pool `index` of `desired_set` if it drifted (`urgent`: without waiting for
-        the other passes' writes); returns the Event (reason, message, type) to post."""
-        if observed is not None:
-            changed = self._drift(owner, plan.gpu_product, desired_set, index, observed)
-            if not changed:
-                return None
+    ) -> tuple[Mapping[str, Any], str | None, tuple[str, str, str]] | None:
+        """The write pool `index` of `desired_set` needs, if it drifted: (the object, the
+        resourceVersion to replace, or None to apply; the Event (reason, message, type) to
+        post once written)."""
+        if observed is None:
             desired = desired_set.objects()[1 + index]
-            ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
-            theirs = (
-                (observed.get("metadata") or {})
-                .get("annotations", {})
-                .get(ANNOTATION_SETTINGS_HASH)
-            )
-            added = any(c.startswith("added ") for c in changed)
-            rv = (observed.get("metadata") or {}).get("resourceVersion") if added else None
-            await self._write_pool(owner, plan, desired, rv, urgent)
-            if ours == theirs:
-                return (
-                    REASON_MANUAL_CHANGE_REVERTED,
-                    manual_change_reverted(plan.gpu_product, changed),
-                    "Warning",
-                )
-            return REASON_POOL_UPDATED, pool_updated(plan), "Normal"
+            event = REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"]), "Normal"
+            return desired, None, event
+        changed = self._drift(owner, plan.gpu_product, desired_set, index, observed)
+        if not changed:
+            return None
         desired = desired_set.objects()[1 + index]
-        await self._write_pool(owner, plan, desired, urgent=urgent)
-        return REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"]), "Normal"
+        ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
+        theirs = (observed.get("metadata") or {}).get("annotations", {}).get(
+            ANNOTATION_SETTINGS_HASH
+        )
+        added = any(c.startswith("added ") for c in changed)
+        rv = (observed.get("metadata") or {}).get("resourceVersion") if added else None
+        if ours == theirs:
+            event = (
+                REASON_MANUAL_CHANGE_REVERTED,
+                manual_change_reverted(plan.gpu_product, changed),
+                "Warning",
+            )
+        else:
+            event = REASON_POOL_UPDATED, pool_updated(plan), "Normal"
+        return desired, rv, event
