@@ -301,8 +301,8 @@ def _kopf_processing_world():
         "deployments": Resource("apps", "v1", "deployments", namespaced=True),
     }
 
-    async def call(kind: str, name: str, gate: ToggleSet, toggle) -> None:
-        raw = {"type": None, "object": {"apiVersion": "v1", "kind": kind, "metadata": {
+    async def call(kind: str, name: str, gate: ToggleSet, toggle, type_: str | None = None) -> None:
+        raw = {"type": type_, "object": {"apiVersion": "v1", "kind": kind, "metadata": {
             "name": name, "namespace": "ns", "uid": f"uid-{name}"}}}
         await processing.process_resource_event(
             lifecycle=kopf.lifecycles.all_at_once, indexers=indexers, registry=registry,
@@ -344,6 +344,76 @@ def test_an_index_only_kinds_object_goes_on_while_other_kinds_are_listed(gate_sk
         assert handled == ["d1"]
 
     asyncio.run(scenario())
+
+
+def test_listed_objects_of_a_listed_kind_go_on_while_other_kinds_are_listed(monkeypatch) -> None:
+    """With Deployments among `listed`, a listed Deployment (an event without a type) is
+    indexed and handed to its handler without waiting for the other kinds; a watched change
+    (MODIFIED) of the same kind still waits for the gate."""
+    from kopf._core.reactor import processing
+
+    monkeypatch.setattr(processing, "process_resource_event", processing.process_resource_event)
+    assert kopf_tweaks.index_only_kinds_skip_the_gate(listed=[("apps", "v1", "deployments")])
+
+    async def scenario() -> None:
+        call, _pod_index, handled = _kopf_processing_world()
+        gate = ToggleSet(all)
+        listing = await gate.make_toggle(name="pods still listing")
+        toggle = await gate.make_toggle(name="d1")
+        await asyncio.wait_for(call("deployments", "d1", gate, toggle), 2)
+        assert handled == ["d1"] and toggle not in gate._toggles
+        toggle = await gate.make_toggle(name="d2")
+        waiting = asyncio.create_task(call("deployments", "d2", gate, toggle, "MODIFIED"))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and handled == ["d1"]
+        await gate.drop_toggle(listing)
+        await asyncio.wait_for(waiting, 2)
+        assert handled == ["d1", "d2"]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        kopf_tweaks.index_only_kinds_skip_the_gate()  # `listed` back to none
+
+
+def test_a_listed_pool_before_the_first_index_brings_no_pass() -> None:
+    """handlers.pool_changed ignores a listed pool Deployment while the first full index is
+    not done (it may run before kopf's gate: LISTED_WITHOUT_THE_GATE); its resource's own
+    listed event passes it. Once the view is bound, a listed pool is handled as any event."""
+    import kopf
+
+    from mtp_operator.app import handlers
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.passes: list[tuple[str, str]] = []
+
+        def pool_seen(self, key, body) -> None:
+            pass
+
+        def pool_news(self, key, body) -> bool:
+            return True
+
+        async def reconcile_or_retry(self, key) -> None:
+            self.passes.append(key)
+
+    registry = kopf.OperatorRegistry()
+    view = handlers.KopfView()
+    rec = Recorder()
+    handlers.register(registry, rec, view)  # type: ignore[arg-type]
+    fn = next(
+        h.fn for h in registry._watching.get_all_handlers() if h.fn.__name__ == "pool_changed"
+    )
+    body = {"metadata": {"name": "res-h100", "namespace": "ml", "ownerReferences": [
+        {"kind": "MTPInference", "apiVersion": "mtp-operator.io/v1alpha1", "name": "res"}]}}
+    indexes = {name: {} for name in ("mtpi_index", "gpu_node_index", "pool_deployment_index",
+                                      "service_index", "pool_pod_index", "claim_index")}
+    asyncio.run(fn(event={"type": None, "object": body}, body=body, **indexes))
+    assert rec.passes == [] and not view.ready
+    asyncio.run(fn(event={"type": "MODIFIED", "object": body}, body=body, **indexes))
+    assert rec.passes == [("ml", "res")] and view.ready
+    asyncio.run(fn(event={"type": None, "object": body}, body=body, **indexes))
+    assert rec.passes == [("ml", "res")] * 2
 
 
 def test_without_the_wrapper_kopf_holds_the_pod_at_the_gate(monkeypatch) -> None:

@@ -36,6 +36,10 @@ SERVICE_KIND = ("v1", "services")
 POD_KIND = ("v1", "pods")
 # the kinds watched only for objects we made (server-side label selector, see configure)
 WATCHED_OWNED = (DEPLOYMENT_KIND, SERVICE_KIND, POD_KIND)
+# kinds whose listed objects need no handler while the start-up is under way, so they need
+# not wait at kopf's start-up gate (kopf_tweaks.index_only_kinds_skip_the_gate): a listed
+# pool Deployment is indexed, and its resource's own listed event passes it once the gate opens
+LISTED_WITHOUT_THE_GATE = (DEPLOYMENT_KIND,)
 RUNNING_PODS = "status.phase=Running"
 RESYNC_SECONDS = 30.0
 # How long kopf keeps an object's worker (a task, its queue, the last event) after its last
@@ -222,6 +226,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
 
     @kopf.on.event(*DEPLOYMENT_KIND, labels=OWNED, registry=registry)
     async def pool_changed(event: dict, body: kopf.Body, **kw: Any) -> None:
+        if event.get("type") is None and not view.ready:
+            return  # listed at start-up, maybe before the gate (LISTED_WITHOUT_THE_GATE)
         view.bind(kw)
         key = owner_key(body)
         if key:

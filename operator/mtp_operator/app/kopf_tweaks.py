@@ -25,6 +25,9 @@ until every kind is indexed, so that handlers see whole indexes. An object of a 
 indexes and no other handler (pods and Services here) has nothing to do after its indexing:
 its worker drops its toggle as before and goes on at once, so its memory is freed while the
 other kinds are still listed, instead of ~10,000 workers held at once at 1,000 resources.
+The same holds for the listed objects (events without a type) of a kind whose handlers
+ignore those while the start-up is under way (`listed`: pool Deployments, whose resources'
+own listed events pass them once the gate opens; handlers.pool_changed).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import contextlib
 import importlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -215,15 +218,21 @@ def index_only(registry: Any, resource: Any) -> bool:
         return False
 
 
-def index_only_kinds_skip_the_gate(processing: ModuleType | None = None) -> bool:
-    """Wrap kopf's `process_resource_event` so that objects of index-only kinds do not wait
-    at the start-up gate; True when the wrapper is in place. A kopf whose processing differs
-    is left alone, with a warning: the operator works and holds more memory at start-up."""
+def index_only_kinds_skip_the_gate(
+    processing: ModuleType | None = None,
+    listed: Iterable[tuple[str, str, str]] = (),
+) -> bool:
+    """Wrap kopf's `process_resource_event` so that objects of index-only kinds, and listed
+    objects of the kinds in `listed` ((group, version, plural)), do not wait at the start-up
+    gate; True when the wrapper is in place (a second call replaces `listed`). A kopf whose
+    processing differs is left alone, with a warning: the operator works and holds more
+    memory at start-up."""
     processing = processing or _kopf_module("kopf._core.reactor.processing", "the gate kept")
     if processing is None:
         return False
     original = getattr(processing, "process_resource_event", None)
     if original is not None and getattr(original, PATCHED, False):
+        original.listed = frozenset(listed)
         return True
     wanted = {"registry", "resource", "operator_indexed", "resource_indexed"}
     params = set(inspect.signature(original).parameters) if callable(original) else set()
@@ -239,10 +248,13 @@ def index_only_kinds_skip_the_gate(processing: ModuleType | None = None) -> bool
             kind = _kind(kwargs.get("resource"))
             if kind not in verdicts:
                 verdicts[kind] = index_only(kwargs.get("registry"), kwargs.get("resource"))
-            if verdicts[kind]:
+            raw = kwargs.get("raw_event")
+            listed_event = isinstance(raw, Mapping) and raw.get("type") is None
+            if verdicts[kind] or (listed_event and kind in process_resource_event.listed):
                 kwargs["operator_indexed"] = _DropsWithoutWaiting(gate)
         return await original(**kwargs)
 
+    process_resource_event.listed = frozenset(listed)  # type: ignore[attr-defined]
     setattr(process_resource_event, PATCHED, True)
     process_resource_event.__wrapped__ = original  # type: ignore[attr-defined]
     processing.process_resource_event = process_resource_event

@@ -230,11 +230,12 @@ async def run(opts: RunOptions) -> int:
         heap = functools.partial(keep_heap_frozen, lambda: view.ready)
         tasks.append(asyncio.create_task(supervise("heap", heap, health)))
         # before kopf starts: O(n) instead of O(n^2) wake-ups while it indexes n objects,
-        # watch events without managedFields, and pods and Services not held at the start-up
-        # gate (after the ports are bound, so that a start-up mistake is the only line printed)
+        # watch events without managedFields, and pods, Services and listed pool Deployments
+        # not held at the start-up gate (after the ports are bound, so that a start-up
+        # mistake is the only line printed)
         kopf_tweaks.apply()
         kopf_tweaks.slim_watch_events(projections=handlers.WATCH_PROJECTIONS)
-        kopf_tweaks.index_only_kinds_skip_the_gate()
+        kopf_tweaks.index_only_kinds_skip_the_gate(listed=handlers.LISTED_WITHOUT_THE_GATE)
         operator = asyncio.create_task(run_with_crd(crd_served, run_kopf, paused, health))
         tasks.append(operator)
         if opts.leader_election:
