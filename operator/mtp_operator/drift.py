@@ -37,13 +37,25 @@ def _env_value(container: Mapping[str, Any] | None, name: str) -> str | None:
     return None
 
 
+# The only metadata annotations drift compares (the rest of metadata is not read): a
+# controller's own annotation (the Deployment's revision) leaves the drift result as it was.
+DRIFT_ANNOTATIONS = (ANNOTATION_SETTINGS_HASH, ANNOTATION_COMMAND)
+
+
+def annotations_read(
+    deploy: Mapping[str, Any], keys: tuple[str, ...] = DRIFT_ANNOTATIONS
+) -> tuple[str | None, ...]:
+    """The values of the annotations `keys` of `deploy` (None where absent), in order."""
+    annotations = _get(deploy, "metadata", "annotations") or {}
+    return tuple(annotations.get(k) for k in keys)
+
+
 def _view(deploy: Mapping[str, Any]) -> dict[str, Any]:
     container = _get(deploy, "spec", "template", "spec", "containers", 0)
+    settings_hash, command = annotations_read(deploy)
     return {
-        "settings-hash annotation": _get(
-            deploy, "metadata", "annotations", ANNOTATION_SETTINGS_HASH
-        ),
-        "vllm-command annotation": _get(deploy, "metadata", "annotations", ANNOTATION_COMMAND),
+        "settings-hash annotation": settings_hash,
+        "vllm-command annotation": command,
         "replicas": _get(deploy, "spec", "replicas"),
         "pod template settings-hash": _get(
             deploy, "spec", "template", "metadata", "annotations", ANNOTATION_SETTINGS_HASH

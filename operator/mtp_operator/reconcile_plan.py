@@ -19,6 +19,7 @@ from mtp_operator.conditions import (
     REASON_NO_FITTING_NODES,
     RECONCILING,
 )
+from mtp_operator.drift import DRIFT_ANNOTATIONS, annotations_read
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT
 from mtp_operator.planning import (
     RETAINED_PRODUCT_GONE,
@@ -194,18 +195,24 @@ def resource_version(body: Mapping[str, Any]) -> int:
         return 0
 
 
+# The annotations of a pool Deployment that a pass reads (its product, and what drift and a
+# retained pool's status entry compare); others' annotations are not read.
+POOL_ANNOTATIONS_READ = (ANNOTATION_GPU_PRODUCT, *DRIFT_ANNOTATIONS)
+
+
 def pool_inputs(deployment: Mapping[str, Any], observed: ObservedPool) -> tuple[Any, ...]:
     """Everything a pass reads of a pool Deployment (`observed` is observe_deployment of
-    it): its counts, spec, labels, annotations, name and deletion. A watch event that
+    it): its counts, spec, labels, our annotations, name and deletion. A watch event that
     leaves these as the last pass saw them (a condition's reason, availableReplicas, the
-    controller's observedGeneration catching up with no count changing) cannot change
-    that pass's writes or status, so it brings no pass."""
+    controller's observedGeneration catching up with no count changing, the revision
+    annotation the Deployment controller adds) cannot change that pass's writes or status,
+    so it brings no pass."""
     meta = deployment.get("metadata") or {}
     return (
         observed,
         deployment.get("spec"),
         meta.get("labels"),
-        meta.get("annotations"),
+        annotations_read(deployment, POOL_ANNOTATIONS_READ),
         meta.get("name"),
         meta.get("deletionTimestamp"),
     )

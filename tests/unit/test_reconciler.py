@@ -153,6 +153,46 @@ async def test_a_pool_status_change_does_not_diff_the_pool_again(cluster, monkey
     assert kube.deployments()[H100]["spec"]["replicas"] == 1
 
 
+async def test_annotations_the_operator_does_not_read_bring_no_pass_and_no_diff(
+    cluster, monkeypatch
+) -> None:
+    """The Deployment controller annotates every Deployment with its revision right after it
+    is created, and other tools add their own annotations: neither is read by a pass, so
+    such an event is no news, and a pass finds the drift result it had (no pool rendered
+    and compared again). One of the operator's own annotations changed is news."""
+    kube, view, rec = cluster
+    await rec.reconcile(KEY)
+    view.deliver(kube)
+    diffs, renders = [], []
+    real_diff, real_render = pool_writes.drifted_fields, builders.desired_objects
+    monkeypatch.setattr(pool_writes, "drifted_fields",
+                        lambda want, have: diffs.append(1) or real_diff(want, have))
+    monkeypatch.setattr(builders, "desired_objects",
+                        lambda *a, **kw: renders.append(1) or real_render(*a, **kw))
+    await rec.reconcile(KEY)
+    assert len(diffs) == 2 and len(renders) == 1  # the watched pools, new to the memo
+    for product, old in list(view.deployments[KEY].items()):
+        new = copy.deepcopy(old)
+        new["metadata"]["resourceVersion"] = str(int(old["metadata"]["resourceVersion"]) + 1)
+        new["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "1"
+        new["metadata"]["annotations"]["argocd.argoproj.io/tracking-id"] = "app:apps/x"
+        view.deployments[KEY][product] = new
+        rec.pool_seen(KEY, new)
+        assert not rec.pool_news(KEY, new)
+    await rec.reconcile(KEY)  # a resync's pass
+    assert len(diffs) == 2 and len(renders) == 1 and kube.count("apply") == 3
+    edited = copy.deepcopy(view.deployments[KEY][H100])
+    edited["metadata"]["resourceVersion"] = str(int(edited["metadata"]["resourceVersion"]) + 1)
+    edited["metadata"]["annotations"][ANNOTATION_COMMAND] = "edited-by-hand"
+    view.deployments[KEY][H100] = edited
+    rec.pool_seen(KEY, edited)
+    assert rec.pool_news(KEY, edited)
+    await rec.reconcile(KEY)
+    assert len(diffs) == 3 and kube.reasons()[-1] == "ManualChangeReverted"
+    assert kube.deployments()[H100]["metadata"]["annotations"][ANNOTATION_COMMAND] \
+        != "edited-by-hand"
+
+
 async def test_rendered_objects_are_not_held_between_passes(cluster, monkeypatch) -> None:
     """The desired objects (~9 KB a pool) are rendered when a pass compares a changed pool or
     writes one, and let go when it ends; a pass for a pool's status change renders nothing."""
@@ -204,7 +244,11 @@ async def test_a_pool_event_with_nothing_new_moves_what_was_read_to_the_new_copy
     assert slot.seen_pools[H100][1][1] is new["spec"]
     assert slot.seen_pools[H100][0] == int(new["metadata"]["resourceVersion"])
     memo = slot.drift_memo[H100]
-    assert memo[1] is new["spec"] and memo[2] is new["metadata"]["annotations"]
+    ours = new["metadata"]["annotations"]
+    assert memo[1] is new["spec"]
+    assert memo[2] == (ours[ANNOTATION_SETTINGS_HASH], ours[ANNOTATION_COMMAND])
+    assert all(a is b for a, b in zip(memo[2], (ours[ANNOTATION_SETTINGS_HASH],
+                                                ours[ANNOTATION_COMMAND]), strict=True))
     assert memo[3] == []  # the drift result of the same comparison, kept
     # a real change is still news, and is not taken over without a pass
     edited = copy.deepcopy(new)

@@ -25,6 +25,7 @@ from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.control.pool_writes import BULK_WRITES_IN_FLIGHT, PoolWrites
 from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
+from mtp_operator.drift import annotations_read
 from mtp_operator.model_cache import cache_problems, effective
 from mtp_operator.planning import NodeInventory, PoolPlan
 from mtp_operator.reconcile_plan import (
@@ -82,7 +83,8 @@ class _Slot:
     # for every resource's status each round, and a watch event brings a new object each
     # time (the models are frozen, so the reading can be shared)
     read_memo: tuple[Any, MTPInferenceStatus] | None = None
-    # per GPU product: (desired object, observed spec, observed annotations, drifted fields)
+    # per GPU product: (desired objects, observed spec, drift.annotations_read of the observed
+    # pool, drifted fields)
     drift_memo: dict[str, tuple[Any, Any, Any, list[str]]] = field(default_factory=dict)
     # what the last pass read of the resource and of the GPU nodes (Reconciler.nodes_seen):
     # at start-up every resource's listed event and the first node event would each make a
@@ -220,7 +222,7 @@ class Reconciler(PoolWrites):
         if inputs != seen[1]:
             return True
         slot.seen_pools[product] = (version, inputs)
-        _, spec, _, annotations, *_ = inputs
+        spec, annotations = inputs[1], annotations_read(body)
         memo = slot.drift_memo.get(product)
         if memo is not None and memo[1] == spec and memo[2] == annotations:
             slot.drift_memo[product] = (memo[0], spec, annotations, memo[3])
