@@ -21,6 +21,7 @@ from aiohttp import web
 from lightkube import AsyncClient, ConfigError, KubeConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from mtp_operator.adapters.http2_headers import plain_header_literals
 from mtp_operator.adapters.kube import KubeClient
 from mtp_operator.adapters.telemetry import REGISTRY, count_gc_seconds
 from mtp_operator.addresses import parse_address
@@ -155,6 +156,7 @@ async def run(opts: RunOptions) -> int:
     # HTTP/2: every request shares one connection to the API server. Over HTTP/1.1 a burst
     # of writes (100 alerts at once) opened a TLS connection per request beyond the pool's
     # keep-alive ones, and the handshakes cost CPU on both ends (bench/results/profiles/).
+    plain_header_literals()  # no Huffman coding of the token on every request
     client = AsyncClient(field_manager="mtp-operator", http2=True)
     count_gc_seconds()
     kube = KubeClient(client)
