@@ -21,6 +21,14 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Event, Pod
 from lightkube.types import PatchType
 
+from mtp_operator.adapters.api_writes import (
+    APPLY,
+    JSON,
+    MERGE_PATCH,
+    ApiWrites,
+    collection_path,
+    object_path,
+)
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from mtp_operator.builders import FIELD_MANAGER
 from mtp_operator.events import MESSAGE_LIMIT
@@ -73,14 +81,28 @@ def _to_dict(obj: Any) -> dict[str, Any]:
     return slim(obj.to_dict() if hasattr(obj, "to_dict") else dict(obj))
 
 
-class KubeClient:
-    """control.ports.Kube over a lightkube AsyncClient."""
+def _answer(out: dict[str, Any]) -> Any:
+    """A write's answer as the reconciler keeps it (until the watch shows the object): without
+    managedFields, its keys and short strings shared (`compact`: 8.6 KiB against 15.5 for
+    a pool Deployment parsed afresh)."""
+    return compact(slim(out))
 
-    def __init__(self, client: AsyncClient) -> None:
+
+class KubeClient:
+    """control.ports.Kube over a lightkube AsyncClient; the writes of a rollout (applies,
+    replaces, status patches, Events) over `writes` (adapters/api_writes.py: the same
+    server and credentials, a third of the CPU a request) when given."""
+
+    def __init__(self, client: AsyncClient, writes: ApiWrites | None = None) -> None:
         self.client = client
+        self.writes = writes
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create or update `obj` by server-side apply (force: the operator owns these fields)."""
+        path = object_path(obj) if self.writes is not None else None
+        if path is not None:
+            params = {"fieldManager": FIELD_MANAGER, "force": "true"}
+            return _answer(await self.writes.request("PATCH", path, obj, APPLY, params))
         res = codecs.from_dict(dict(obj))
         out = await self.client.apply(res, field_manager=FIELD_MANAGER, force=True)
         return _to_dict(out)
@@ -91,6 +113,10 @@ class KubeClient:
         `resource_version`: a concurrent change is a 409, retried by the caller."""
         body = dict(obj)
         body["metadata"] = {**obj["metadata"], "resourceVersion": resource_version}
+        path = object_path(body) if self.writes is not None else None
+        if path is not None:
+            params = {"fieldManager": FIELD_MANAGER}
+            return _answer(await self.writes.request("PUT", path, body, JSON, params))
         out = await self.client.replace(codecs.from_dict(body), field_manager=FIELD_MANAGER)
         return _to_dict(out)
 
@@ -131,6 +157,10 @@ class KubeClient:
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any]:
         """Merge-patch the status subresource; returns the updated object."""
+        if self.writes is not None:
+            path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+            patch = {"status": dict(status)}
+            return _answer(await self.writes.request("PATCH", path, patch, MERGE_PATCH))
         out = await self.client.patch(
             MTPInferenceResource.Status,
             name,
@@ -174,6 +204,10 @@ class KubeClient:
             reportingInstance="mtp-operator",
         )
         try:
-            await self.client.create(event, namespace=meta.get("namespace"))
+            if self.writes is not None:
+                path = collection_path("v1", "events", meta.get("namespace") or "default")
+                await self.writes.request("POST", path, event.to_dict())
+            else:
+                await self.client.create(event, namespace=meta.get("namespace"))
         except ApiError as err:
             log.warning("could not post event %s for %s: %s", reason, meta.get("name"), err)

@@ -21,6 +21,7 @@ from aiohttp import web
 from lightkube import AsyncClient, ConfigError, KubeConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from mtp_operator.adapters.api_writes import ApiWrites
 from mtp_operator.adapters.http2_headers import plain_header_literals
 from mtp_operator.adapters.kube import KubeClient
 from mtp_operator.adapters.telemetry import REGISTRY, count_gc_seconds
@@ -157,9 +158,12 @@ async def run(opts: RunOptions) -> int:
     # of writes (100 alerts at once) opened a TLS connection per request beyond the pool's
     # keep-alive ones, and the handshakes cost CPU on both ends (bench/results/profiles/).
     plain_header_literals()  # no Huffman coding of the token on every request
-    client = AsyncClient(field_manager="mtp-operator", http2=True)
+    config = KubeConfig.from_env().get()
+    client = AsyncClient(config=config, field_manager="mtp-operator", http2=True)
+    # the rollout's writes, at a third of the CPU a request (adapters/api_writes.py)
+    writes = ApiWrites.from_config(config)
     count_gc_seconds()
-    kube = KubeClient(client)
+    kube = KubeClient(client, writes)
     view = handlers.KopfView()
     reconciler = Reconciler(kube, view, opts.settings)
     actions = RollbackActions(kube, view, reconciler)
@@ -259,4 +263,5 @@ async def run(opts: RunOptions) -> int:
                 await task
         for runner in runners:
             await runner.cleanup()
+        await writes.close()
         await client.close()
