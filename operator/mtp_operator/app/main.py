@@ -22,7 +22,6 @@ from lightkube import AsyncClient, ConfigError, KubeConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mtp_operator.adapters.api_writes import ApiWrites
-from mtp_operator.adapters.http2_headers import plain_header_literals
 from mtp_operator.adapters.kube import KubeClient
 from mtp_operator.adapters.telemetry import REGISTRY, count_gc_seconds
 from mtp_operator.addresses import parse_address
@@ -154,13 +153,12 @@ def in_cluster_server(info: kopf.ConnectionInfo,
 async def run(opts: RunOptions) -> int:
     for name in ("kopf._core.reactor.orchestration", "kopf._core.reactor.running"):
         logging.getLogger(name).addFilter(_NotFoundWithoutTraceback())
-    # HTTP/2: every request shares one connection to the API server. Over HTTP/1.1 a burst
-    # of writes (100 alerts at once) opened a TLS connection per request beyond the pool's
-    # keep-alive ones, and the handshakes cost CPU on both ends (bench/results/profiles/).
-    plain_header_literals()  # no Huffman coding of the token on every request
+    # The writes (applies, status patches, Events: a rollout's ~7 a resource) go over
+    # aiohttp's keep-alive connections, at a third of httpx's CPU a request
+    # (adapters/api_writes.py); lists, deletes and the leader lease over lightkube's one
+    # HTTP/2 connection. Both from one configuration, so they reach and authenticate alike.
     config = KubeConfig.from_env().get()
     client = AsyncClient(config=config, field_manager="mtp-operator", http2=True)
-    # the rollout's writes, at a third of the CPU a request (adapters/api_writes.py)
     writes = ApiWrites.from_config(config)
     count_gc_seconds()
     kube = KubeClient(client, writes)
