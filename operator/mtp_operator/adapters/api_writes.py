@@ -77,9 +77,7 @@ class ApiWrites:
                 keepalive_timeout=KEEPALIVE_SECONDS,
             )
             timeout = aiohttp.ClientTimeout(sock_connect=self.timeout, sock_read=self.timeout)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, json_serialize=json.dumps
-            )
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
         return self._session
 
     async def close(self) -> None:

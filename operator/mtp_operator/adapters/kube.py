@@ -1,4 +1,5 @@
-"""Kubernetes I/O: the only module that talks to the API server directly. Async, non-blocking.
+"""Kubernetes I/O: with its write transport (adapters/api_writes.py), the only code that talks to
+the API server directly (kopf's watches apart). Async, non-blocking.
 
 Writes are server-side apply with one field manager, so "create or update" is one request
 and never a check-then-create race; a 404 on delete means the object is already gone.
