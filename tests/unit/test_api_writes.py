@@ -16,7 +16,7 @@ from lightkube import ApiError
 from lightkube.config.client_adapter import BearerTokenFileAuth
 
 from mtp_operator.adapters.api_writes import APPLY, ApiWrites, object_path
-from mtp_operator.adapters.kube import KubeClient, TransportError
+from mtp_operator.adapters.kube import KubeClient, TransportError, urgent_writes
 
 STATUS_409 = {
     "kind": "Status",
@@ -148,3 +148,44 @@ def test_only_the_kinds_it_knows_get_a_path() -> None:
     assert object_path(svc) == "/api/v1/namespaces/n/services/s"
     assert object_path({**svc, "kind": "ConfigMap"}) is None  # lightkube's way instead
     assert object_path({**svc, "metadata": {"name": "s"}}) is None
+
+
+class Recorder:
+    """Stands in for both transports, recording which one each write took."""
+
+    def __init__(self, name: str, took: list[str]) -> None:
+        self.name, self.took = name, took
+
+    async def request(self, method: str, *_: object) -> dict:
+        self.took.append(f"{self.name} {method}")
+        return {"metadata": {"resourceVersion": "1"}}
+
+    async def apply(self, obj: object, **_: object) -> dict:
+        self.took.append(f"{self.name} apply")
+        return {"metadata": {"resourceVersion": "1"}}
+
+    async def patch(self, *_: object, **__: object) -> dict:
+        self.took.append(f"{self.name} patch")
+        return {"metadata": {"resourceVersion": "1"}}
+
+    async def create(self, *_: object, **__: object) -> None:
+        self.took.append(f"{self.name} create")
+
+
+async def test_urgent_writes_take_lightkubes_connection() -> None:
+    took: list[str] = []
+    kube = KubeClient(Recorder("lightkube", took), Recorder("bulk", took))  # type: ignore[arg-type]
+    owner = {"metadata": {"name": "res", "namespace": "ml"}}
+    await kube.apply(deployment("a"))
+    await kube.patch_status("ml", "res", {"phase": "Ready"})
+    await kube.event(owner, "PoolCreated", "m")
+    assert took == ["bulk PATCH", "bulk PATCH", "bulk POST"]
+    took.clear()
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "res-openai", "namespace": "ml"}, "spec": {}}
+    with urgent_writes():
+        await kube.apply(service)
+        await kube.patch_status("ml", "res", {"phase": "Ready"})
+        await kube.event(owner, "SpeculationRolledBack", "m")
+    await kube.apply(deployment("a"))
+    assert took == ["lightkube apply", "lightkube patch", "lightkube create", "bulk PATCH"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mtp_operator.adapters import kube as kube_adapter
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.control.rollback import NotReady, RollbackActions
 from mtp_operator.naming import ANNOTATION_COMMAND, ANNOTATION_RESET_ROLLBACK
@@ -100,6 +101,30 @@ async def test_a_firing_alert_steps_one_pool_down(serving) -> None:
         f"pool {H100}: K 6 -> 5 (MTPHitRateLow 0.6 < 0.88: stepped K down 6->5, via alertmanager)",
         "Warning",
     )
+
+
+async def test_a_rollback_pass_writes_as_urgent_and_an_ordinary_one_does_not(
+    serving, monkeypatch
+) -> None:
+    """The writes for an alert skip the bulk transport (adapters/kube.py, `urgent_writes`):
+    the pool write, the status write and the Event alike; an ordinary pass's do not."""
+    kube, view, actions, _clock = serving
+    urgent: list[tuple[str, bool]] = []
+    for name in ("apply", "patch_status", "event"):
+        real = getattr(kube, name)
+
+        async def spy(*a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            urgent.append((_name, kube_adapter._URGENT.get()))
+            return await _real(*a, **kw)
+
+        monkeypatch.setattr(kube, name, spy)
+    await actions.apply_signals([low_hit_rate()])
+    assert urgent == [("apply", True), ("patch_status", True), ("event", True)]
+    urgent.clear()
+    view.deliver(kube, ready=True)
+    view.add(mtpinference("res", {"model": "org/model", "tensorParallelSize": 8, "replicas": 2}))
+    await actions.reconciler.reconcile(KEY)  # a spec edit: an ordinary pass
+    assert urgent and not any(flag for _, flag in urgent)
 
 
 async def test_a_repeat_within_the_cooldown_changes_no_k(serving) -> None:

@@ -8,9 +8,11 @@ Every other API error propagates to the caller (never swallowed).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,6 +84,24 @@ def _to_dict(obj: Any) -> dict[str, Any]:
     return slim(obj.to_dict() if hasattr(obj, "to_dict") else dict(obj))
 
 
+# The writes for an alert (its rollback pass and Events) go over lightkube's one HTTP/2
+# connection, always open and taking every request at once: over aiohttp's connections they
+# queued behind each other (a 5,000-alert body rolls 300 pools) and a burst of them opened
+# new connections (TLS handshakes on both ends while the burst waits). Set by the control
+# layer (control/rollback.py) with `urgent_writes`.
+_URGENT: contextvars.ContextVar[bool] = contextvars.ContextVar("mtp_urgent", default=False)
+
+
+@contextlib.contextmanager
+def urgent_writes(on: bool = True) -> Iterator[None]:
+    """Within this block (and the tasks it starts), writes skip the bulk transport."""
+    token = _URGENT.set(on)
+    try:
+        yield
+    finally:
+        _URGENT.reset(token)
+
+
 def _answer(out: dict[str, Any]) -> Any:
     """A write's answer as the reconciler keeps it (until the watch shows the object): without
     managedFields, its keys and short strings shared (`compact`: 8.6 KiB against 15.5 for
@@ -98,12 +118,17 @@ class KubeClient:
         self.client = client
         self.writes = writes
 
+    def _bulk(self) -> ApiWrites | None:
+        """The bulk transport, unless the writes under way are urgent."""
+        return None if _URGENT.get() else self.writes
+
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create or update `obj` by server-side apply (force: the operator owns these fields)."""
-        path = object_path(obj) if self.writes is not None else None
-        if path is not None:
+        bulk = self._bulk()
+        path = object_path(obj) if bulk is not None else None
+        if bulk is not None and path is not None:
             params = {"fieldManager": FIELD_MANAGER, "force": "true"}
-            return _answer(await self.writes.request("PATCH", path, obj, APPLY, params))
+            return _answer(await bulk.request("PATCH", path, obj, APPLY, params))
         res = codecs.from_dict(dict(obj))
         out = await self.client.apply(res, field_manager=FIELD_MANAGER, force=True)
         return _to_dict(out)
@@ -114,10 +139,11 @@ class KubeClient:
         `resource_version`: a concurrent change is a 409, retried by the caller."""
         body = dict(obj)
         body["metadata"] = {**obj["metadata"], "resourceVersion": resource_version}
-        path = object_path(body) if self.writes is not None else None
-        if path is not None:
+        bulk = self._bulk()
+        path = object_path(body) if bulk is not None else None
+        if bulk is not None and path is not None:
             params = {"fieldManager": FIELD_MANAGER}
-            return _answer(await self.writes.request("PUT", path, body, JSON, params))
+            return _answer(await bulk.request("PUT", path, body, JSON, params))
         out = await self.client.replace(codecs.from_dict(body), field_manager=FIELD_MANAGER)
         return _to_dict(out)
 
@@ -158,10 +184,11 @@ class KubeClient:
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any]:
         """Merge-patch the status subresource; returns the updated object."""
-        if self.writes is not None:
+        bulk = self._bulk()
+        if bulk is not None:
             path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
             patch = {"status": dict(status)}
-            return _answer(await self.writes.request("PATCH", path, patch, MERGE_PATCH))
+            return _answer(await bulk.request("PATCH", path, patch, MERGE_PATCH))
         out = await self.client.patch(
             MTPInferenceResource.Status,
             name,
@@ -205,9 +232,10 @@ class KubeClient:
             reportingInstance="mtp-operator",
         )
         try:
-            if self.writes is not None:
+            bulk = self._bulk()
+            if bulk is not None:
                 path = collection_path("v1", "events", meta.get("namespace") or "default")
-                await self.writes.request("POST", path, event.to_dict())
+                await bulk.request("POST", path, event.to_dict())
             else:
                 await self.client.create(event, namespace=meta.get("namespace"))
         except ApiError as err:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from mtp_operator.adapters.kube import urgent_writes
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.control.ports import ClusterView, Key, Kube
 from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
@@ -106,6 +107,11 @@ class RollbackActions:
         passes = asyncio.Semaphore(WIDE_REQUEST_PASSES) if wide else contextlib.nullcontext()
 
         async def one(key: Key, sigs: list[AlertSignal]) -> None:
+            # an alert's writes (its pass, its Events) do not queue behind a rollout's
+            with urgent_writes():
+                await each(key, sigs)
+
+        async def each(key: Key, sigs: list[AlertSignal]) -> None:
             async with passes:
                 await self._apply_to_resource(key, sigs, outcome, received, yields=wide)
                 if self.reconciler.slot(key).dirty:
