@@ -30,9 +30,12 @@ try:  # lightkube 1.x talks through httpx2
 except ImportError:  # pragma: no cover - older lightkube
     import httpx  # type: ignore[no-redef]
 
-# Connections kept open to the API server: ordinary writes take turns 32 at a time
-# (control/pool_writes.BULK_WRITES_IN_FLIGHT); a rollback's writes do not wait for those.
-CONNECTIONS = 64
+# Connections to the API server, kept open: as many requests as the floor's bare client has
+# in flight (bench/run.py), plenty for a rollout's ~30 writes a second; more are queued here.
+# With 64, a burst after a wave of rollbacks opened dozens of new connections at once (TLS
+# handshakes, on the CPUs the alerts wait for). An alert's writes do not come here
+# (adapters/kube.urgent_writes).
+CONNECTIONS = 16
 TIMEOUT_SECONDS = 10.0  # as lightkube's default, for connecting and for each read
 KEEPALIVE_SECONDS = 60.0
 
