@@ -93,9 +93,9 @@ _URGENT: contextvars.ContextVar[bool] = contextvars.ContextVar("mtp_urgent", def
 
 
 @contextlib.contextmanager
-def urgent_writes(on: bool = True) -> Iterator[None]:
+def urgent_writes() -> Iterator[None]:
     """Within this block (and the tasks it starts), writes skip the bulk transport."""
-    token = _URGENT.set(on)
+    token = _URGENT.set(True)
     try:
         yield
     finally:
@@ -122,13 +122,22 @@ class KubeClient:
         """The bulk transport, unless the writes under way are urgent."""
         return None if _URGENT.get() else self.writes
 
-    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """Create or update `obj` by server-side apply (force: the operator owns these fields)."""
+    async def _bulk_object(
+        self, method: str, obj: Mapping[str, Any], content_type: str, params: Mapping[str, str]
+    ) -> dict[str, Any] | None:
+        """`obj` written over the bulk transport, its answer; None when the write does not
+        go that way (urgent writes, no bulk transport, a kind api_writes has no path for)."""
         bulk = self._bulk()
         path = object_path(obj) if bulk is not None else None
-        if bulk is not None and path is not None:
-            params = {"fieldManager": FIELD_MANAGER, "force": "true"}
-            return _answer(await bulk.request("PATCH", path, obj, APPLY, params))
+        if bulk is None or path is None:
+            return None
+        return _answer(await bulk.request(method, path, obj, content_type, params))
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create or update `obj` by server-side apply (force: the operator owns these fields)."""
+        params = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        if (out := await self._bulk_object("PATCH", obj, APPLY, params)) is not None:
+            return out
         res = codecs.from_dict(dict(obj))
         out = await self.client.apply(res, field_manager=FIELD_MANAGER, force=True)
         return _to_dict(out)
@@ -139,11 +148,9 @@ class KubeClient:
         `resource_version`: a concurrent change is a 409, retried by the caller."""
         body = dict(obj)
         body["metadata"] = {**obj["metadata"], "resourceVersion": resource_version}
-        bulk = self._bulk()
-        path = object_path(body) if bulk is not None else None
-        if bulk is not None and path is not None:
-            params = {"fieldManager": FIELD_MANAGER}
-            return _answer(await bulk.request("PUT", path, body, JSON, params))
+        params = {"fieldManager": FIELD_MANAGER}
+        if (out := await self._bulk_object("PUT", body, JSON, params)) is not None:
+            return out
         out = await self.client.replace(codecs.from_dict(body), field_manager=FIELD_MANAGER)
         return _to_dict(out)
 

@@ -153,10 +153,11 @@ def in_cluster_server(info: kopf.ConnectionInfo,
 async def run(opts: RunOptions) -> int:
     for name in ("kopf._core.reactor.orchestration", "kopf._core.reactor.running"):
         logging.getLogger(name).addFilter(_NotFoundWithoutTraceback())
-    # The writes (applies, status patches, Events: a rollout's ~7 a resource) go over
-    # aiohttp's keep-alive connections, at a third of httpx's CPU a request
-    # (adapters/api_writes.py); lists, deletes and the leader lease over lightkube's one
-    # HTTP/2 connection. Both from one configuration, so they reach and authenticate alike.
+    # The writes of ordinary passes (applies, status patches, Events: a rollout's ~7 a
+    # resource) go over aiohttp's keep-alive connections, at a third of httpx's CPU a request
+    # (adapters/api_writes.py); an alert's writes (adapters/kube.urgent_writes), lists,
+    # deletes and the leader lease over lightkube's one HTTP/2 connection. Both from one
+    # configuration, so they reach and authenticate alike.
     config = KubeConfig.from_env().get()
     client = AsyncClient(config=config, field_manager="mtp-operator", http2=True)
     writes = ApiWrites.from_config(config)

@@ -109,14 +109,11 @@ class RollbackActions:
         async def one(key: Key, sigs: list[AlertSignal]) -> None:
             # an alert's writes (its pass, its Events) do not queue behind a rollout's
             with urgent_writes():
-                await each(key, sigs)
-
-        async def each(key: Key, sigs: list[AlertSignal]) -> None:
-            async with passes:
-                await self._apply_to_resource(key, sigs, outcome, received, yields=wide)
-                if self.reconciler.slot(key).dirty:
-                    # a reconcile asked for while we held the lock was deferred to us
-                    await self.reconciler.reconcile(key)
+                async with passes:
+                    await self._apply_to_resource(key, sigs, outcome, received, yields=wide)
+                    if self.reconciler.slot(key).dirty:
+                        # a reconcile asked for while we held the lock was deferred to us
+                        await self.reconciler.reconcile(key)
 
         # resources are independent: each waits only for its own lock (and a wide request's
         # share of passes)
