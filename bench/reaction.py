@@ -356,7 +356,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="numSpeculativeTokens of every webhook pool (alerts step it down)")
     p.add_argument("--big-body", type=int, default=5000,
                    help="alerts in one webhook body after the sequential ones (0: none)")
-    p.add_argument("--side-resources", type=int, default=4,
+    p.add_argument("--side-resources", type=int, default=8,
                    help="resources the big body does not name: single alerts for their "
                    "pools are timed while it is handled")
     p.add_argument("--spacing", type=float, default=0.1,
