@@ -392,7 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         state = Path(tempfile.gettempdir()) / "mtp-reaction-sandbox"
         state.mkdir(exist_ok=True)
-        sb = Sandbox(state, nodes_file=nodes_file(state / "nodes.yaml", args.nodes_per_product))
+        # outside the state dir: bringing down a stale sandbox there empties it
+        work = Path(tempfile.mkdtemp(prefix="mtp-reaction-nodes-"))
+        sb = Sandbox(state, nodes_file=nodes_file(work / "nodes.yaml", args.nodes_per_product))
     else:
         sb = Sandbox()
     sb.acquire(started_by="bench")
