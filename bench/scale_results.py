@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,14 @@ NOTES = [
 ]
 
 
+RESULTS = Path(__file__).resolve().parent / "results"  # the other benches' results
+
+
 def write_results(r: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale.json").write_text(json.dumps(r, indent=1, sort_keys=False) + "\n")
-    (out / "README.md").write_text(markdown(r))
+    # a dated folder under bench/results links to the others' results one level up
+    (out / "README.md").write_text(markdown(r, Path(os.path.relpath(RESULTS, out.resolve()))))
     log(f"wrote {out / 'scale.json'} and {out / 'README.md'}")
 
 
@@ -130,8 +135,14 @@ def _profile_lines(r: dict[str, Any]) -> list[str]:
     return [*out, ""] if out else []
 
 
-def markdown(r: dict[str, Any]) -> str:
+def markdown(r: dict[str, Any], results: Path = Path(".")) -> str:
+    """The scale run as Markdown; `results` is where the other benches' results are, as
+    seen from the folder this text goes into."""
     s, m = r["settings"], r["machine"]
+
+    def other(name: str) -> str:
+        return f"[{name}]({(results / name).as_posix()})"
+
     fl, op, st, rs = r["floor"], r["operator"], r["steady"], r["restart"]
     ratio = r["ratio_operator_to_floor"]
     steady_counted = sum(st["operator_counter_deltas"][k] for k in WRITE_COUNTERS)
@@ -144,12 +155,12 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         f"Scale run of {r['started'][:10]} (`make bench` = `python bench/run.py`; raw figures in "
         "[scale.json](scale.json)). The built-in evaluator at 4,000 pods: "
-        "[evaluator.md](evaluator.md) (bench/scale_evaluator.py, run by bench/run.py after "
+        f"{other('evaluator.md')} (bench/scale_evaluator.py, run by bench/run.py after "
         "this; sources keeping connections 75 s, as mtp-runtime starts vLLM), and at vLLM's "
-        "default keep-alive of 5 s: [evaluator-keepalive-5s.md](evaluator-keepalive-5s.md). "
-        "Alert -> patch timing and webhook bursts: [reaction.md](reaction.md) "
+        f"default keep-alive of 5 s: {other('evaluator-keepalive-5s.md')}. "
+        f"Alert -> patch timing and webhook bursts: {other('reaction.md')} "
         "(bench/reaction.py, run by bench/run.py on the same sandbox). Pool restarts with "
-        "and without a model cache: [model-cache.md](model-cache.md) (`make bench-cache`).",
+        f"and without a model cache: {other('model-cache.md')} (`make bench-cache`).",
         "",
         f"Sandbox: {s['nodes']} kwok nodes ({s['nodes'] // len(s['gpu_products'])} per GPU "
         f"product x {len(s['gpu_products'])} products, {s['gpus_per_node']} GPUs each); "

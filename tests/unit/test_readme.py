@@ -164,3 +164,19 @@ def test_docs_pages_the_readme_links_exist() -> None:
     for name, text in DOCS.items():
         for target in re.findall(r"\]\(((?:\.\./)?[\w./-]+\.md)", text):
             assert ((REPO / "docs" / target).resolve()).exists(), f"docs/{name}.md links {target}"
+
+
+def test_relative_links_in_markdown_lead_to_files() -> None:
+    """Every relative link of the Markdown we ship (README, docs/, bench/ and its results,
+    charts/, examples/) names a file or folder that exists, seen from the linking file."""
+    pages = [REPO / "README.md"] + [
+        p for top in ("docs", "bench", "charts", "examples") for p in (REPO / top).rglob("*.md")
+    ]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue  # a URL or an anchor of the page itself
+            if not (page.parent / target.split("#")[0]).exists():
+                broken.append(f"{page.relative_to(REPO)} -> {target}")
+    assert not broken, broken
