@@ -30,12 +30,12 @@ try:  # lightkube 1.x talks through httpx2
 except ImportError:  # pragma: no cover - older lightkube
     import httpx  # type: ignore[no-redef]
 
-# Connections to the API server, kept open: as many requests as the floor's bare client has
-# in flight (bench/run.py), plenty for a rollout's ~30 writes a second; more are queued here.
-# With 64, a burst after a wave of rollbacks opened dozens of new connections at once (TLS
-# handshakes, on the CPUs the alerts wait for). An alert's writes do not come here
-# (adapters/kube.urgent_writes).
-CONNECTIONS = 16
+# Connections to the API server, kept open: room for a turn of pool writes
+# (control/pool_writes.BULK_WRITES_IN_FLIGHT) beside the passes' status patches and Events.
+# With 16 a 1,000-resource rollout took 1.37x and 1.26x the floor (bench/results/
+# rollout-1000-2026-12-04-16conn), with 64 1.14x: the writes queued here. An alert's writes
+# do not come here (adapters/kube.urgent_writes), so a wave of them opens no connections.
+CONNECTIONS = 64
 TIMEOUT_SECONDS = 10.0  # as lightkube's default, for connecting and for each read
 KEEPALIVE_SECONDS = 60.0
 
