@@ -44,10 +44,10 @@ BATCH_GATHER_SECONDS = 0.02
 # fleet's alerts into one body) runs at most WIDE_REQUEST_PASSES of its passes at a time, and
 # its decisions give the event loop back every DECISIONS_PER_YIELD signals: the requests
 # beside it (one alert each) then find the API server and the loop free instead of queued
-# behind the wide request's writes. bench/reaction.py, the 5,000-alert body over 25
-# resources beside single alerts on 2 cores (the API server, not the operator, is the busy
-# one): one pass at a time kept the singles' worst at 56-65 ms (4 at a time: 90-110 ms), the
-# body's answer taking 2.3-2.6 s instead of 1.7-1.8 s.
+# behind the wide request's writes. With a 5,000-alert body over 25 resources on 2 cores
+# (the API server, not the operator, the busy one), one pass at a time kept the single
+# alerts beside it under 100 ms where 2 or 4 did not, the body answered ~0.6 s later
+# (bench/results/reaction-wide-passes-2026-12-04.md).
 WIDE_REQUEST_RESOURCES = 8
 WIDE_REQUEST_PASSES = 1
 DECISIONS_PER_YIELD = 32
