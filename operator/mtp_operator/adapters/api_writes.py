@@ -33,8 +33,9 @@ except ImportError:  # pragma: no cover - older lightkube
 # Connections to the API server, kept open: room for a turn of pool writes
 # (control/pool_writes.BULK_WRITES_IN_FLIGHT) beside the passes' status patches and Events.
 # With 16 a 1,000-resource rollout took 1.37x and 1.26x the floor in two rounds, with 64
-# 1.14x and 1.13x in two runs of three (bench/results/rollout-1000-2026-12-04-*). An alert's writes
-# do not come here (adapters/kube.urgent_writes), so a wave of them opens no connections.
+# 1.14x and 1.13x in two runs of three rounds (bench/results/rollout-1000-2026-12-04-*).
+# An alert's writes do not come here (adapters/kube.urgent_writes), so a wave of them opens
+# no connections.
 CONNECTIONS = 64
 TIMEOUT_SECONDS = 10.0  # as lightkube's default, for connecting and for each read
 KEEPALIVE_SECONDS = 60.0
