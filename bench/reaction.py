@@ -393,8 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         state = Path(tempfile.gettempdir()) / "mtp-reaction-sandbox"
         state.mkdir(exist_ok=True)
         # outside the state dir: bringing down a stale sandbox there empties it
-        work = Path(tempfile.mkdtemp(prefix="mtp-reaction-nodes-"))
-        sb = Sandbox(state, nodes_file=nodes_file(work / "nodes.yaml", args.nodes_per_product))
+        nodes = nodes_file(state.parent / "mtp-reaction-nodes.yaml", args.nodes_per_product)
+        sb = Sandbox(state, nodes_file=nodes)
     else:
         sb = Sandbox()
     sb.acquire(started_by="bench")

@@ -114,7 +114,7 @@ async def test_a_rollback_pass_writes_as_urgent_and_an_ordinary_one_does_not(
         real = getattr(kube, name)
 
         async def spy(*a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
-            urgent.append((_name, kube_adapter._URGENT.get()))
+            urgent.append((_name, kube_adapter.writes_are_urgent()))
             return await _real(*a, **kw)
 
         monkeypatch.setattr(kube, name, spy)

@@ -102,6 +102,11 @@ def urgent_writes() -> Iterator[None]:
         _URGENT.reset(token)
 
 
+def writes_are_urgent() -> bool:
+    """Whether the code running now is inside `urgent_writes`."""
+    return _URGENT.get()
+
+
 def _answer(out: dict[str, Any]) -> Any:
     """A write's answer as the reconciler keeps it (until the watch shows the object): without
     managedFields, its keys and short strings shared (`compact`: 8.6 KiB against 15.5 for
@@ -120,7 +125,7 @@ class KubeClient:
 
     def _bulk(self) -> ApiWrites | None:
         """The bulk transport, unless the writes under way are urgent."""
-        return None if _URGENT.get() else self.writes
+        return None if writes_are_urgent() else self.writes
 
     async def _bulk_object(
         self, method: str, obj: Mapping[str, Any], content_type: str, params: Mapping[str, str]
