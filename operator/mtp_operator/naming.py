@@ -45,10 +45,38 @@ def dns_label(*parts: str, max_len: int = MAX_NAME) -> str:
     return f"{name[: max_len - len(suffix) - 1].rstrip('-')}-{suffix}"
 
 
-def product_slug(product: str) -> str:
-    """`NVIDIA-H100-80GB-HBM3` → `h100-80gb-hbm3`: the vendor prefix says nothing here."""
+def plain_product_slug(product: str) -> str:
+    """`NVIDIA-H100-80GB-HBM3` → `h100-80gb-hbm3`: the vendor prefix says nothing here. Lossy
+    (`H200`, `NVIDIA_H200` and `NVIDIA-H200` give one slug): for display, never for names."""
     slug = _INVALID.sub("-", product.lower()).strip("-")
     return slug.removeprefix("nvidia-") or "gpu"
+
+
+_HASH_TAIL = re.compile(r"-[0-9a-f]{8}$")
+_PLAIN_SLUG = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")  # what dns_label leaves as it is
+
+
+def _canonical_label(slug: str) -> str:
+    """The one label whose plain slug is `slug` and that names keep unhashed: GFD's spelling
+    (`NVIDIA-` and upper case; `Tesla-` for the cards GFD labels so)."""
+    if slug.startswith("tesla-"):
+        return "Tesla-" + slug.removeprefix("tesla-").upper()
+    return "NVIDIA-" + slug.upper()
+
+
+def product_slug(product: str) -> str:
+    """A product's part of object names, one per label value: `NVIDIA-H100-80GB-HBM3` →
+    `h100-80gb-hbm3`. A label that normalising changed beyond that (another case, `_`, spaces,
+    no `NVIDIA-` prefix, dots) gets a short hash of the exact label (`H200` →
+    `h200-<hash>`), and so does a canonical one whose slug already ends like a hash, so two
+    labels never share a pool. Injective because the unhashed slugs come from exactly one
+    label each (`_canonical_label` inverts them) and never end in `-<8 hex>`, while every
+    hashed one does."""
+    slug = plain_product_slug(product)
+    canonical = product == _canonical_label(slug) and _PLAIN_SLUG.fullmatch(slug)
+    if canonical and not _HASH_TAIL.search(slug):
+        return slug
+    return f"{re.sub(r'-{2,}', '-', slug.strip('-'))}-{short_hash(product)}"
 
 
 def pool_deployment_name(resource: str, product: str) -> str:

@@ -16,8 +16,8 @@ from mtp_operator.api.v1alpha1 import Condition, MTPInferenceStatus, PoolStatus
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
     ANNOTATION_GPU_PRODUCT,
+    plain_product_slug,
     pool_deployment_name,
-    product_slug,
 )
 from mtp_operator.planning import PoolPlan
 from mtp_runtime.gpu_profiles import product_kind_label
@@ -49,7 +49,7 @@ def observe_deployment(body: Mapping[str, Any]) -> ObservedPool:
 
 def short_product(product: str) -> str:
     """The POOLS column's name: the family, with a MIG slice or sharing kept visible."""
-    return product_kind_label(product) or product_slug(product).upper()
+    return product_kind_label(product) or plain_product_slug(product).upper()
 
 
 @dataclass
