@@ -235,6 +235,9 @@ def schedule_problems(
         if k < 0 or not valid_k_for_depth(k, mtp_layers):
             found.append(Problem(f"{field_name}[{i}]",
                                  f"K={k} must be 0 or more and valid for mtpLayers={mtp_layers}"))
+        elif k > MAX_SPECULATIVE_TOKENS:
+            found.append(Problem(f"{field_name}[{i}]",
+                                 f"K={k} must be at most {MAX_SPECULATIVE_TOKENS}"))
         previous_end = max(previous_end, last)
     return found
 

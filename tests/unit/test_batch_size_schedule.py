@@ -65,3 +65,15 @@ def test_not_with_tuning():
     _, errs = spec_problems({"model": "m", "speculative": {
         "batchSizeSchedule": SCHEDULE, "tuning": {"mode": "Recommend"}}})
     assert [f for f, _ in errs] == ["speculative.tuning.mode"]
+
+
+def test_a_schedule_k_stops_at_16():
+    """Issue 36: the schedule's K has the same bound as every other K (0..16)."""
+    deep = [{"minBatchSize": 1, "maxBatchSize": 4, "numSpeculativeTokens": 17}]
+    _, found = spec_problems({"model": "m", "speculative": {"batchSizeSchedule": deep}})
+    assert [f for f, _ in found] == ["speculative.batchSizeSchedule[0].numSpeculativeTokens"]
+    ok = [{"minBatchSize": 1, "maxBatchSize": 4, "numSpeculativeTokens": 16}]
+    assert spec_problems({"model": "m", "speculative": {"batchSizeSchedule": ok}})[1] == []
+    # the runtime's own check (what a pod's config is held to)
+    s = ServeSettings(model="m", num_speculative_tokens=16, batch_size_schedule=((1, 4, 17),))
+    assert [p.field for p in problems(s)] == ["speculative.batchSizeSchedule[0]"]

@@ -120,3 +120,23 @@ def test_a_trial_waits_as_long_as_the_pool_pods_startup_probe_allows():
     (vllm,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
     probe = vllm["startupProbe"]
     assert policy_for(spec()).startup_seconds == probe["periodSeconds"] * probe["failureThreshold"]
+
+
+def test_candidates_stop_where_k_stops():
+    """Issue 36: K is 0..16 (MAX_SPECULATIVE_TOKENS), so are the candidates, and a set of
+    them has at most the 17 values 0..16; the schema, validation and the planner agree."""
+    _, found = spec_problems({"model": "m", "speculative": {"tuning": {"candidates": [2, 17]}}})
+    assert [f for f, _ in found] == ["speculative.tuning.candidates[1]"]
+    _, found = spec_problems(
+        {"model": "m", "speculative": {"tuning": {"candidates": [*range(17), 3]}}})
+    assert [f for f, _ in found] == ["speculative.tuning.candidates"]
+    every = spec(tuning={"mode": "Auto", "candidates": list(range(17))})
+    assert tuning_problems(every) == []
+    assert policy_for(every).candidates == tuple(range(17))
+    # a spec that skipped the schema (built in code): checked, and never planned past 16
+    t = every.speculative.tuning.model_copy(update={"candidates": [0, 2, 40]})
+    odd = every.model_copy(
+        update={"speculative": every.speculative.model_copy(update={"tuning": t})})
+    assert tuning_problems(odd) == [("speculative.tuning.candidates", "40 exceeds 16, the most "
+                                     "speculative tokens the operator runs")]
+    assert policy_for(odd).candidates == (0, 2)

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
+
 TuningMode = Literal["Off", "Recommend", "Auto"]
 DEFAULT_MIN_GAIN = 0.05
 DEFAULT_OBSERVATION_SECONDS = 300
@@ -36,11 +38,12 @@ class TuningSpec(_Model):
         "nothing; `Auto`: also try candidate K on the pool (a canary replica, or the whole "
         "pool when it has one replica) and adopt one that is at least minGain better.",
     )
-    candidates: list[Annotated[int, Field(ge=0, le=64)]] | None = Field(
+    candidates: list[Annotated[int, Field(ge=0, le=MAX_SPECULATIVE_TOKENS)]] | None = Field(
         None,
-        max_length=65,
-        description="The K the tuner may try (0 = speculation off). Default: 0 up to "
-        "speculative.maxSpeculativeTokens (6 without one), those vLLM accepts for mtpLayers.",
+        max_length=MAX_SPECULATIVE_TOKENS + 1,  # a set of the K 0..MAX_SPECULATIVE_TOKENS
+        description=f"The K the tuner may try (0 = speculation off; at most "
+        f"{MAX_SPECULATIVE_TOKENS}). Default: 0 up to speculative.maxSpeculativeTokens (6 "
+        "without one), those vLLM accepts for mtpLayers.",
     )
     min_gain: float = Field(
         DEFAULT_MIN_GAIN,
@@ -87,7 +90,9 @@ class BatchSizeRange(_Model):
     min_batch_size: int = Field(ge=1, description="First batch size of the range.")
     max_batch_size: int = Field(ge=1, description="Last batch size of the range (inclusive).")
     num_speculative_tokens: int = Field(
-        ge=0, description="K for these batch sizes (vLLM caps it at the pool's K)."
+        ge=0,
+        le=MAX_SPECULATIVE_TOKENS,
+        description="K for these batch sizes (vLLM caps it at the pool's K).",
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.builders import STARTUP_BUDGET_S
 from mtp_runtime.gpu_profiles import DEFAULT_PROFILES, valid_k_for_depth
+from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
 
 from .decision import Policy
 
@@ -15,12 +16,17 @@ DEFAULT_CAP = max(p.k for p in DEFAULT_PROFILES)
 def default_candidates(spec: MTPInferenceSpec) -> tuple[int, ...]:
     s = spec.speculative
     cap = s.max_speculative_tokens if s.max_speculative_tokens is not None else DEFAULT_CAP
+    cap = min(cap, MAX_SPECULATIVE_TOKENS)
     return tuple(k for k in range(cap + 1) if valid_k_for_depth(k, s.mtp_layers))
 
 
 def policy_for(spec: MTPInferenceSpec) -> Policy:
     t = spec.speculative.tuning
-    cands = tuple(sorted(set(t.candidates))) if t.candidates is not None else None
+    # never past the K the operator runs (the schema says so too; a spec built in code may not)
+    cands = (
+        tuple(k for k in sorted(set(t.candidates)) if 0 <= k <= MAX_SPECULATIVE_TOKENS)
+        if t.candidates is not None else None
+    )
     return Policy(
         mode=t.mode,
         candidates=cands if cands is not None else default_candidates(spec),
@@ -40,7 +46,13 @@ def tuning_problems(spec: MTPInferenceSpec) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     if t.candidates is not None:
         for k in sorted(set(t.candidates)):
-            if s.max_speculative_tokens is not None and k > s.max_speculative_tokens:
+            if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+                found.append((
+                    "speculative.tuning.candidates",
+                    f"{k} exceeds {MAX_SPECULATIVE_TOKENS}, the most speculative tokens the "
+                    "operator runs" if k > 0 else f"{k}: must be 0 (off) or more",
+                ))
+            elif s.max_speculative_tokens is not None and k > s.max_speculative_tokens:
                 found.append((
                     "speculative.tuning.candidates",
                     f"{k} exceeds speculative.maxSpeculativeTokens {s.max_speculative_tokens}",
