@@ -9,6 +9,7 @@ Read from a YAML file (the chart mounts it from a ConfigMap) and overridden by C
       allowedHostPaths: [/var/lib/mtp-models]          # folders hostPath caches may use
     poolRemovalGraceSeconds: 600   # a pool whose GPU product no node carries goes after this
     listPageSize: 100              # objects per page when the operator lists a kind at start
+    alerts: {maxAlertAgeSeconds: 10800}  # webhook alerts that began longer ago are ignored
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ DEFAULT_POOL_REMOVAL_GRACE_SECONDS = 600.0
 # a page is parsed whole and held until its last object is handed on: 500 pool pods with their
 # managedFields were ~40 MB at once (bench, 1,000 resources); 100 keep that under ~10 MB
 DEFAULT_LIST_PAGE_SIZE = 100
+# A webhook alert that began (firing) or ended (resolved) longer ago than this is ignored
+# (counted `stale`): a replayed or long-delayed notification is never obeyed. The bound must
+# not cut short a pool that stays bad: Alertmanager repeats a firing alert with its first
+# startsAt, and each repeat past the cooldown steps K once more. From the highest K (16,
+# vllm_command.MAX_SPECULATIVE_TOKENS) to 0 is at most 16 steps one cooldown (600 s default)
+# apart, the first after the rule's `for` (5 m): about 2 h 45 m, so 3 h. A resource with a
+# longer cooldown needs a larger bound (or the alert to resolve and fire again).
+DEFAULT_MAX_ALERT_AGE_SECONDS = 3 * 3600.0
 
 
 class _Settings(BaseModel):
@@ -53,6 +62,10 @@ class ModelCacheSettings(_Settings):
         return paths
 
 
+class AlertsSettings(_Settings):
+    max_alert_age_seconds: float = Field(DEFAULT_MAX_ALERT_AGE_SECONDS, gt=0)
+
+
 class OperatorSettings(_Settings):
     default_image: str = DEFAULT_RUNTIME_IMAGE
     gpu_profiles: dict[str, int] = Field(default_factory=dict)
@@ -66,6 +79,8 @@ class OperatorSettings(_Settings):
     # `limit`): at thousands of pools one unpaged list is tens of MB of JSON parsed at once,
     # the operator's peak memory at every start.
     list_page_size: int = Field(DEFAULT_LIST_PAGE_SIZE, ge=1)
+    # the Alertmanager webhook's bounds (DEFAULT_MAX_ALERT_AGE_SECONDS says why this default)
+    alerts: AlertsSettings = Field(default_factory=AlertsSettings)
 
 
 class SettingsFileError(ValueError):

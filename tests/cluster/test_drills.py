@@ -201,7 +201,8 @@ def post_alert(port: int, namespace: str, name: str, product: str, value: float)
         "labels": {"alertname": "MTPHitRateLow", "namespace": namespace,
                    "mtpinference": name, "gpu_product": product},
         "annotations": {"value": str(value)},
-        "startsAt": "2026-01-01T00:00:00Z",
+        # now: the receiver ignores alerts that began over maxAlertAgeSeconds ago
+        "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "fingerprint": uuid.uuid4().hex[:16],
     }]}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/alerts",

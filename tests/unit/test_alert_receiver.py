@@ -6,7 +6,9 @@ import asyncio
 import json
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,14 @@ TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 H100 = "NVIDIA-H100-80GB-HBM3"
 KNOWN = {PoolRef("ml", "dsv3", H100), PoolRef("ml", "dsv3", "NVIDIA-A100-SXM4-80GB")}
+# The alerts began a few minutes ago (the receiver ignores alerts that began too long ago) and
+# the resolved ones ended at import time.
+STARTS = (datetime.now(UTC) - timedelta(minutes=10)).replace(microsecond=0)
+ENDS = STARTS + timedelta(minutes=10)
+
+
+def rfc3339(t: datetime, fraction: str = "") -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + fraction + "Z"
 
 
 def alert(
@@ -38,7 +48,7 @@ def alert(
     mtpinference: str = "dsv3",
     gpu: str = H100,
     fingerprint: str = "f1",
-    starts: str = "2026-11-29T12:00:00.123456789Z",
+    starts: str = rfc3339(STARTS, ".123456789"),
     **labels: str,
 ) -> dict[str, Any]:
     ann = {"summary": "s", "description": "d", "threshold": "0.88"}
@@ -56,7 +66,7 @@ def alert(
         },
         "annotations": ann,
         "startsAt": starts,
-        "endsAt": "2026-11-29T12:10:00Z" if status == "resolved" else "0001-01-01T00:00:00Z",
+        "endsAt": rfc3339(ENDS) if status == "resolved" else "0001-01-01T00:00:00Z",
         "generatorURL": "http://prometheus/graph",
         "fingerprint": fingerprint,
     }
@@ -264,7 +274,7 @@ async def test_ok_with_parsed_signals(
     assert first.target == PoolRef("ml", "dsv3", H100)
     assert (first.value, first.threshold, first.via) == (0.7, 0.88, "alertmanager")
     assert first.starts_at is not None and first.starts_at.isoformat().startswith(
-        "2026-11-29T12:00:00.123456"
+        STARTS.strftime("%Y-%m-%dT%H:%M:%S") + ".123456"
     )
     assert first.ends_at is None  # Alertmanager's zero time
     assert first.fingerprint == "f1"
@@ -324,7 +334,7 @@ async def test_resolved_passes_through(client: TestClient, handler: Handler) -> 
     status, _ = await post(client, payload(alert(status="resolved")))
     assert status == 200
     (s,) = handler.signals
-    assert s.status == "resolved" and s.ends_at is not None and s.ends_at.minute == 10
+    assert s.status == "resolved" and s.ends_at == ENDS
 
 
 async def test_duplicates_are_dropped_until_the_ttl_passes(
@@ -514,13 +524,16 @@ async def test_serve_alerts_without_token_or_tls(handler: Handler) -> None:
     ],
     ids=["deep-array", "deep-unclosed", "deep-objects", "huge-array", "huge-inner-array"],
 )
-async def test_hostile_json_is_a_400_never_a_500(
+async def test_hostile_json_is_a_4xx_never_a_500(
     client: TestClient, handler: Handler, body: bytes
 ) -> None:
     resp = await client.post("/alerts", data=body, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert resp.status == 400, await resp.text()
-    assert "not an Alertmanager webhook payload" in (await resp.json())["error"] or \
-        "malformed JSON" in (await resp.json())["error"]
+    error = (await resp.json())["error"]
+    if body.startswith(b'{"alerts": [[]'):  # 200,000 alerts: refused on their count alone
+        assert resp.status == 413 and "over the limit of 10000" in error
+    else:
+        assert resp.status == 400, error
+        assert "not an Alertmanager webhook payload" in error or "malformed JSON" in error
     assert handler.batches == []
 
 
@@ -605,3 +618,138 @@ async def test_rotated_tls_files_serve_the_new_certificate(
         assert ssl.DER_cert_to_PEM_cert(second).strip() == new_cert.read_text().strip()
     finally:
         await runner.cleanup()
+
+
+# ---- hardening (issue 36) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+async def test_the_auth_scheme_is_case_insensitive(
+    client: TestClient, handler: Handler, scheme: str
+) -> None:
+    """RFC 9110 11.1: the scheme name is case-insensitive; the token is not."""
+    status, _ = await post(client, payload(alert()), {"Authorization": f"{scheme} {TOKEN}"})
+    assert status == 200 and len(handler.signals) == 1
+    status, _ = await post(client, payload(alert(fingerprint="f2")),
+                           {"Authorization": f"{scheme} {TOKEN.upper()}"})
+    assert status == 401
+
+
+async def test_too_many_alerts_is_413_naming_the_limit(
+    handler: Handler, metrics: AlertMetrics
+) -> None:
+    app = make_app(TOKEN, handler, metrics=metrics, max_alerts=100)
+    async with TestClient(TestServer(app)) as c:
+        status, reply = await post(c, payload(*[alert(fingerprint=f"f{i}") for i in range(101)]))
+        assert status == 413
+        assert "101 alerts" in reply["error"] and "100" in reply["error"]
+        assert "max_alerts" in reply["error"]  # what to set in Alertmanager
+        status, reply = await post(c, payload(*[alert(fingerprint=f"f{i}") for i in range(100)]))
+        assert status == 200 and reply["signals"] == 100
+    assert count(metrics, "rejected", reason="too_large") == 1
+    assert len(handler.batches) == 1
+
+
+def test_the_default_limits_fit_what_alertmanager_sends() -> None:
+    """8 MiB and 10,000 alerts: a fleet-wide group of both rollback alerts for 5,000 pools."""
+    from mtp_operator.control import alert_server
+
+    assert alert_server.DEFAULT_MAX_ALERTS == 10_000
+    assert alert_server.DEFAULT_MAX_BODY_BYTES == 8 * 1024 * 1024
+    # one realistic alert (our labels, annotations, Alertmanager's fields) is well under
+    # the bytes per alert the byte limit allows at the alert limit
+    one = len(json.dumps(alert(instance="10.0.0.1:8000", pod="p" * 40, job="mtp-pods")))
+    assert one < alert_server.DEFAULT_MAX_BODY_BYTES / alert_server.DEFAULT_MAX_ALERTS
+
+
+NOW = STARTS + timedelta(hours=1)
+
+
+@pytest.fixture
+async def dated(handler: Handler, metrics: AlertMetrics) -> AsyncIterator[TestClient]:
+    """A receiver whose wall clock says NOW, ignoring alerts that began over 2 h before."""
+    app = make_app(TOKEN, handler, metrics=metrics, wall_clock=lambda: NOW,
+                   max_alert_age=7200.0)
+    async with TestClient(TestServer(app)) as c:
+        yield c
+
+
+async def test_stale_and_ended_alerts_are_ignored_and_counted(
+    dated: TestClient, handler: Handler, metrics: AlertMetrics
+) -> None:
+    old = alert(fingerprint="old", starts=rfc3339(NOW - timedelta(hours=2, seconds=1)))
+    edge = alert(fingerprint="edge", starts=rfc3339(NOW - timedelta(hours=2)))
+    ended = alert(fingerprint="ended")  # says firing, but its end is already past
+    ended["endsAt"] = rfc3339(NOW - timedelta(seconds=1))
+    ending = alert(fingerprint="ending")  # an end still to come: firing
+    ending["endsAt"] = rfc3339(NOW + timedelta(minutes=4))
+    old_resolve = alert(status="resolved", fingerprint="oldres",
+                        starts=rfc3339(NOW - timedelta(hours=5)))
+    old_resolve["endsAt"] = rfc3339(NOW - timedelta(hours=2, seconds=1))
+    long_resolve = alert(status="resolved", fingerprint="longres",
+                         starts=rfc3339(NOW - timedelta(hours=5)))
+    long_resolve["endsAt"] = rfc3339(NOW - timedelta(minutes=1))  # a long alert, just over
+    status, reply = await post(
+        dated, payload(old, edge, ended, ending, old_resolve, long_resolve, alert())
+    )
+    assert status == 200
+    assert reply["ignored"] == {"stale": 2, "already_ended": 1}
+    assert sorted(s.fingerprint or "" for s in handler.signals) == [
+        "edge", "ending", "f1", "longres"
+    ]
+    assert count(metrics, "ignored", reason="stale") == 2
+    assert count(metrics, "ignored", reason="already_ended") == 1
+
+
+async def test_a_stale_alert_is_never_obeyed_however_often_sent(
+    dated: TestClient, handler: Handler
+) -> None:
+    old = alert(fingerprint="old", starts=rfc3339(NOW - timedelta(hours=3)))
+    for _ in range(3):
+        status, reply = await post(dated, payload(old))
+        assert status == 200 and reply["signals"] == 0 and reply["ignored"] == {"stale": 1}
+    assert handler.batches == []
+
+
+def test_the_age_bound_is_a_setting_with_a_default() -> None:
+    from mtp_operator.control import alert_server
+    from mtp_operator.settings import OperatorSettings
+
+    settings = OperatorSettings.model_validate({"alerts": {"maxAlertAgeSeconds": 600}})
+    assert settings.alerts.max_alert_age_seconds == 600
+    assert OperatorSettings().alerts.max_alert_age_seconds == 3 * 3600
+    assert alert_server.DEFAULT_MAX_ALERT_AGE_SECONDS == 3 * 3600
+    with pytest.raises(ValueError):
+        OperatorSettings.model_validate({"alerts": {"maxAlertAgeSeconds": 0}})
+
+
+def test_parse_webhook_screens_by_age_only_with_a_clock() -> None:
+    old = alert(starts=rfc3339(NOW - timedelta(days=30)))
+    body = json.dumps(payload(old)).encode()
+    assert len(parse_webhook(body).signals) == 1  # pure parsing: no clock, no screening
+    parsed = parse_webhook(body, now=NOW, max_age=timedelta(hours=3))
+    assert parsed.signals == [] and parsed.ignored == {"stale": 1}
+
+
+async def test_a_large_valid_body_takes_time_linear_in_its_size(
+    handler: Handler, metrics: AlertMetrics
+) -> None:
+    def body(n: int) -> bytes:
+        return json.dumps(payload(*[alert(fingerprint=f"f{i}", mtpinference=f"m{i % 997}")
+                                    for i in range(n)])).encode()
+
+    small, large = body(1000), body(8000)
+    app = make_app(TOKEN, handler, metrics=metrics, max_body_bytes=16 * 1024 * 1024)
+    async with TestClient(TestServer(app)) as c:
+        await post(c, body(100))  # warm up
+
+        async def took(data: bytes) -> float:
+            t0 = time.perf_counter()
+            status, _ = await post(c, data)
+            assert status == 200
+            return time.perf_counter() - t0
+
+        # best of 2 against a busy machine; 8x the alerts: linear ~8x, quadratic ~64x
+        t_small = min([await took(small), await took(small)])
+        t_large = min([await took(large), await took(large)])
+    assert t_large < 24 * t_small + 0.5, (t_small, t_large)

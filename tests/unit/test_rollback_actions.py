@@ -3,7 +3,9 @@ one reconcile pass persists them (the one status write) and rolls exactly the af
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -353,3 +355,59 @@ async def test_a_rollback_write_does_not_wait_behind_a_rollouts_writes(serving) 
     assert most[0] == 2
     created = {name for (kind, _ns, name) in kube.objects if kind == "Deployment"}
     assert sum(n.startswith("other") for n in created) == 6
+
+
+# ---- hardening (issue 36) -------------------------------------------------------------------
+
+
+async def test_unknown_targets_cost_no_memory_and_little_time(serving) -> None:
+    """Alerts naming resources the operator does not know leave nothing behind: no reconcile
+    slot, no waiting entry, no pass (each used to cost a ~2.4 KB slot kept for ever and a
+    pass's quiet wait, one at a time: 20,000 such alerts took ~66 s)."""
+    kube, _view, actions, _clock = serving
+    slots = len(actions.reconciler._slots)
+    t0 = time.perf_counter()
+    for round_ in range(2):
+        signals = [low_hit_rate(name=f"gone-{round_}-{i}") for i in range(10_000)]
+        outcome = await actions.apply_signals(signals)
+        assert len(outcome.unknown) == 10_000 and outcome.rolled_back == 0
+        assert len(actions.reconciler._slots) == slots  # flat
+        assert not actions._waiting
+    took = time.perf_counter() - t0
+    assert took < 5.0, took  # linear and cheap: no 3 ms wait per unknown resource
+    assert kube.calls == [] and kube.events == []
+
+
+async def test_a_resource_deleted_during_a_request_leaves_no_slot(serving) -> None:
+    _kube, view, actions, _clock = serving
+    async with actions.reconciler.slot(KEY).lock:
+        task = asyncio.create_task(actions.apply_signals([low_hit_rate()]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        # the watch's DELETED event, as app/handlers.resource_changed handles it
+        del view.resources[KEY]
+        actions.reconciler.forget(KEY)
+    outcome = await task
+    assert outcome.unknown == ["ml/res"] and outcome.rolled_back == 0
+    assert KEY not in actions.reconciler._slots
+    assert not actions._waiting
+
+
+async def test_a_large_valid_body_takes_time_linear_in_its_size(serving) -> None:
+    _kube, _view, actions, _clock = serving
+
+    def signals(n: int) -> list[AlertSignal]:
+        return [low_hit_rate(H100 if i % 2 else L40S, value=0.5 + (i % 97) / 1000)
+                for i in range(n)]
+
+    async def took(n: int) -> float:
+        t0 = time.perf_counter()
+        outcome = await actions.apply_signals(signals(n))
+        assert outcome.rolled_back + outcome.unchanged == n
+        return time.perf_counter() - t0
+
+    await took(100)  # the first rollbacks (and their cooldown) out of the way
+    # best of 2 against a busy machine; 8x the alerts: linear ~8x, quadratic ~64x
+    t_small = min([await took(500), await took(500)])
+    t_large = min([await took(4000), await took(4000)])
+    assert t_large < 24 * t_small + 0.5, (t_small, t_large)

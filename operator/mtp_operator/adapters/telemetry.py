@@ -99,7 +99,15 @@ def count_gc_seconds() -> None:
 
 
 # Reasons an alert is accepted but not acted on.
-IGNORED_REASONS = ("not_rollback_alert", "missing_labels", "duplicate", "unknown_target")
+IGNORED_REASONS = (
+    "not_rollback_alert",
+    "missing_labels",
+    "impossible_value",
+    "stale",  # began (firing) or ended (resolved) longer ago than the alert age bound
+    "already_ended",  # firing, but its endsAt is already past
+    "duplicate",
+    "unknown_target",
+)
 # Reasons a whole request is refused.
 REJECTED_REASONS = ("unauthorized", "malformed", "too_large", "handler_error")
 

@@ -216,6 +216,7 @@ async def run(opts: RunOptions) -> int:
                 opts.alerts_tls_cert,
                 opts.alerts_tls_key,
                 actions.apply_signals,
+                max_alert_age=opts.settings.alerts.max_alert_age_seconds,
             )
             runners.append(await _bind("alerts", opts.alerts_address, serving))
         evaluator_on = opts.settings.evaluator.enabled if opts.evaluator is None else opts.evaluator

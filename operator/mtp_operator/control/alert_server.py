@@ -1,8 +1,9 @@
 """Alertmanager webhook receiver: `POST /alerts` (webhook v4) and `GET /healthz`.
 
-    401  no or wrong bearer token (compared in constant time); nothing is read or changed
+    401  no or wrong bearer token (the scheme name in any case, RFC 9110; the token compared
+         in constant time); nothing is read or changed
     400  malformed JSON or not a webhook payload, with the reason
-    413  body over max_body_bytes
+    413  body over max_body_bytes or over max_alerts alerts, naming the limit
     500  the handler failed (Alertmanager retries the notification)
     200  accepted: JSON with counts of signals, ignored alerts and handler outcomes
 
@@ -11,7 +12,9 @@ the handler serialises decisions per MTPInference itself, so alerts for differen
 never wait for each other. The handler (the Kubernetes glue) looks each target up,
 applies the policy, and reports which targets it did not find. A notification repeated within
 `dedupe_seconds` (Alertmanager retries, an HA pair sending twice) is dropped here; later
-repeats reach the policy, whose cooldown keeps them from acting twice.
+repeats reach the policy, whose cooldown keeps them from acting twice. An alert that began
+(firing) or ended (resolved) over `max_alert_age` seconds ago by `wall_clock`, or a firing one
+whose end is already past, is ignored and counted (`stale`, `already_ended`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +37,27 @@ from aiohttp import web
 
 from mtp_operator.adapters.telemetry import AlertMetrics, operator_alert_metrics
 from mtp_operator.addresses import parse_address
-from mtp_operator.rollback.alertmanager import PayloadError, dedupe_key, parse_webhook
+from mtp_operator.rollback.alertmanager import (
+    PayloadError,
+    TooManyAlerts,
+    dedupe_key,
+    parse_webhook,
+)
 from mtp_operator.rollback.signals import AlertSignal, PoolRef
+from mtp_operator.settings import DEFAULT_MAX_ALERT_AGE_SECONDS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # ~10,000 alerts of a few hundred bytes each
+# The bounds of one request. Alertmanager sends one POST per alert group: with the
+# documented route (group_by pool and alert name) one alert a body; grouped by alertname
+# only, one body holds a whole fleet's alerts, at most two per pool (our two rules). 10,000
+# alerts is then 5,000 pools, past the 4,000-pod benches (bench/results/evaluator-*), and
+# 8 MiB is ~840 bytes an alert, about twice a real one (our labels and annotations, the
+# scrape's instance/pod/job labels). Alertmanager's webhook_config `max_alerts` (0 =
+# unlimited by default) caps a body at its first N alerts: set it to at most
+# DEFAULT_MAX_ALERTS where routes group wider. Beyond either bound: 413, nothing acted on.
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_ALERTS = 10_000
 DEFAULT_DEDUPE_SECONDS = 60.0
 PARSE_IN_THREAD_BYTES = 256 * 1024  # ~700 alerts: a few ms of parsing at most in the loop
 _DEDUPE_MAX_ENTRIES = 100_000
@@ -126,13 +146,28 @@ def make_app(
     metrics: AlertMetrics | None = None,
     dedupe_seconds: float = DEFAULT_DEDUPE_SECONDS,
     clock: Callable[[], float] = time.monotonic,
+    max_alerts: int = DEFAULT_MAX_ALERTS,
+    max_alert_age: float = DEFAULT_MAX_ALERT_AGE_SECONDS,
+    wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> web.Application:
     """The receiver as an aiohttp application. `token=None` turns authentication off; a
-    callable is asked on every request (a token file that is re-read when it changes)."""
+    callable is asked on every request (a token file that is re-read when it changes).
+    `clock` (monotonic) times the dedupe window; `wall_clock` is what alert times are
+    compared with."""
     m = metrics or AlertMetrics.create()
+    max_age = timedelta(seconds=max_alert_age)
+
     def expected() -> bytes | None:
         current = token() if callable(token) else token
-        return f"Bearer {current}".encode() if current is not None else None
+        return current.encode() if current is not None else None
+
+    def authorized(header: str, want: bytes) -> bool:
+        # `Bearer <token>`, the scheme name in any case and 1+ spaces after it (RFC 9110
+        # 11.1, 11.4); the token itself compared in constant time
+        scheme, _, credentials = header.partition(" ")
+        given = credentials.lstrip(" ").encode("utf-8", "backslashreplace")
+        return hmac.compare_digest(given, want) and scheme.lower() == "bearer"
+
     recent = _RecentKeys(dedupe_seconds, clock)
 
     def reply(code: int, rejected: str | None = None, **body: Any) -> web.Response:
@@ -154,19 +189,23 @@ def make_app(
     async def alerts(request: web.Request) -> web.Response:
         want = expected()
         if want is not None:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, want):
+            if not authorized(request.headers.get("Authorization", ""), want):
                 resp = reply(401, "unauthorized", error="missing or wrong bearer token")
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 return resp
         body = await read_body(request)
         if body is None:
-            return reply(413, "too_large", error=f"body over {max_body_bytes} bytes")
+            return reply(413, "too_large",
+                         error=f"body over {max_body_bytes} bytes, the limit a request")
+        parse = partial(parse_webhook, body, max_alerts=max_alerts, now=wall_clock(),
+                        max_age=max_age)
         try:
             # a large body (thousands of alerts: tens of ms of parsing) is parsed off the
             # event loop, so the requests beside it are not held up meanwhile
-            parsed = (await asyncio.to_thread(parse_webhook, body)
-                      if len(body) > PARSE_IN_THREAD_BYTES else parse_webhook(body))
+            parsed = (await asyncio.to_thread(parse)
+                      if len(body) > PARSE_IN_THREAD_BYTES else parse())
+        except TooManyAlerts as exc:
+            return reply(413, "too_large", error=str(exc))
         except PayloadError as exc:
             return reply(400, "malformed", error=str(exc))
 
@@ -316,6 +355,7 @@ async def serve_alerts(
     metrics: AlertMetrics | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     reload_seconds: float = RELOAD_SECONDS,
+    max_alert_age: float = DEFAULT_MAX_ALERT_AGE_SECONDS,
 ) -> web.AppRunner:
     """Start the receiver on `address`; returns the runner (`await runner.cleanup()` stops it).
 
@@ -338,7 +378,11 @@ async def serve_alerts(
     ssl_ctx = make_ssl_context(tls_cert_file, tls_key_file) if tls_cert_file else None  # type: ignore[arg-type]
     metrics = metrics or operator_alert_metrics()
     app = make_app(
-        token.get if token else None, on_signals, max_body_bytes=max_body_bytes, metrics=metrics
+        token.get if token else None,
+        on_signals,
+        max_body_bytes=max_body_bytes,
+        metrics=metrics,
+        max_alert_age=max_alert_age,
     )
     if ssl_ctx is not None:
         cert, key = str(tls_cert_file), str(tls_key_file)

@@ -99,13 +99,18 @@ class RollbackActions:
             for ns, name in self.view.resource_keys()
             if label_value(name) != name
         }
+        outcome = Outcome()
         for sig in signals:
             ns, name = sig.target.namespace, sig.target.mtpinference
             name = hashed.get((ns, name), name)
+            if self.view.resource((ns, name)) is None:
+                # a resource the operator does not know costs nothing: no slot, no pass
+                # (anyone with the token may name any resource; issue 36)
+                outcome.unknown.append(f"{ns}/{name}")
+                continue
             if name != sig.target.mtpinference:
                 sig = replace(sig, target=replace(sig.target, mtpinference=name))
             by_resource[(ns, name)].append(sig)
-        outcome = Outcome()
         wide = len(by_resource) > WIDE_REQUEST_RESOURCES
         passes = asyncio.Semaphore(WIDE_REQUEST_PASSES) if wide else contextlib.nullcontext()
 
@@ -114,7 +119,11 @@ class RollbackActions:
             with urgent_writes():
                 async with passes:
                     await self._apply_to_resource(key, sigs, outcome, received, yields=wide)
-                    if self.reconciler.slot(key).dirty:
+                    if self.view.resource(key) is None:
+                        # deleted meanwhile: its slot went with the watch's DELETED event
+                        # (Reconciler.forget); one made again by this request goes too
+                        self.reconciler.forget(key)
+                    elif self.reconciler.slot(key).dirty:
                         # a reconcile asked for while we held the lock was deferred to us
                         await self.reconciler.reconcile(key)
 

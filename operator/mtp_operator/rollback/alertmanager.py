@@ -10,6 +10,13 @@ ignored and counted (`impossible_value`).
 Only MTPHitRateLow and MTPErrorPropagationHigh become signals; every other alert, and one of
 ours without the target labels, is accepted and ignored (counted by reason), so Alertmanager
 does not retry a notification that can never succeed.
+
+Given the time (`now`, from the caller: this module has no clock) and `max_age`, old alerts
+are ignored too (`alert_age_reason`): a firing alert that began more than `max_age` ago
+(`stale`) or whose `endsAt` is already past (`already_ended`: Alertmanager shows no end
+before it is reached, so such an alert is over), and a resolved one that ended more than
+`max_age` ago (`stale`). A body with more than `max_alerts` alerts is refused whole
+(`TooManyAlerts`) before any alert is read.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -30,6 +37,18 @@ _ZERO_TIME_YEAR = 1
 
 class PayloadError(ValueError):
     """The body is not a webhook payload we can read; the message says why."""
+
+
+class TooManyAlerts(PayloadError):
+    """The body carries more alerts than the receiver takes in one request."""
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(
+            f"body has {count} alerts, over the limit of {limit} a request; set "
+            f"`max_alerts: {limit}` (or less) in Alertmanager's webhook_config, or group the "
+            "route by pool (group_by: [namespace, mtpinference, gpu_product, alertname])"
+        )
+        self.count, self.limit = count, limit
 
 
 class _Alert(BaseModel):
@@ -84,8 +103,36 @@ def _validation_message(exc: ValidationError) -> str:
     return f"not an Alertmanager webhook payload: {where}: {first['msg']}{more}"
 
 
-def parse_webhook(body: bytes) -> ParsedWebhook:
-    """Parse one webhook POST body. Raises PayloadError for bad JSON or a wrong schema."""
+def alert_age_reason(
+    status: str,
+    starts_at: datetime | None,
+    ends_at: datetime | None,
+    now: datetime,
+    max_age: timedelta,
+) -> str | None:
+    """Why an alert is too old to act on (`stale`, `already_ended`), or None. An alert with
+    no times says nothing about its age and is kept (Alertmanager always sends startsAt)."""
+    oldest = now - max_age
+    if status == "firing":
+        if ends_at is not None and ends_at <= now:
+            return "already_ended"
+        if starts_at is not None and starts_at < oldest:
+            return "stale"
+        return None
+    last = ends_at or starts_at
+    return "stale" if last is not None and last < oldest else None
+
+
+def parse_webhook(
+    body: bytes,
+    *,
+    max_alerts: int | None = None,
+    now: datetime | None = None,
+    max_age: timedelta | None = None,
+) -> ParsedWebhook:
+    """Parse one webhook POST body. Raises PayloadError for bad JSON or a wrong schema,
+    TooManyAlerts for more than `max_alerts` alerts. With `now` and `max_age`, old alerts
+    are ignored (module doc)."""
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -94,6 +141,9 @@ def parse_webhook(body: bytes) -> ParsedWebhook:
         raise PayloadError("malformed JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise PayloadError("not an Alertmanager webhook payload: expected a JSON object")
+    alerts = doc.get("alerts")
+    if max_alerts is not None and isinstance(alerts, list) and len(alerts) > max_alerts:
+        raise TooManyAlerts(len(alerts), max_alerts)
     try:
         payload = _Payload.model_validate(doc)
     except ValidationError as exc:
@@ -116,6 +166,12 @@ def parse_webhook(body: bytes) -> ParsedWebhook:
             # NaN, ±Inf or a ratio outside [0, 1]: no figure the rules can produce
             out.ignored["impossible_value"] += 1
             continue
+        starts_at, ends_at = _time(alert.startsAt), _time(alert.endsAt)
+        if now is not None and max_age is not None:
+            too_old = alert_age_reason(alert.status, starts_at, ends_at, now, max_age)
+            if too_old:
+                out.ignored[too_old] += 1
+                continue
         out.signals.append(
             AlertSignal(
                 alert=name,
@@ -124,8 +180,8 @@ def parse_webhook(body: bytes) -> ParsedWebhook:
                 value=value,
                 threshold=_number(alert, "threshold"),
                 via="alertmanager",
-                starts_at=_time(alert.startsAt),
-                ends_at=_time(alert.endsAt),
+                starts_at=starts_at,
+                ends_at=ends_at,
                 fingerprint=alert.fingerprint,
             )
         )
