@@ -78,7 +78,20 @@ SPEC_FLAGS: frozenset[str] = frozenset(
 BREAKING_FLAGS: frozenset[str] = frozenset(
     {"--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp"}
 )
-RESERVED_FLAGS: frozenset[str] = SPEC_FLAGS | BREAKING_FLAGS
+# `--config FILE` reads flags from a YAML file, reserved ones included, where no check sees them.
+CONFIG_FLAGS: frozenset[str] = frozenset({"--config"})
+RESERVED_FLAGS: frozenset[str] = SPEC_FLAGS | BREAKING_FLAGS | CONFIG_FLAGS
+
+# What `model` and `servedModelName` may be: a Hugging Face / ModelScope id (`org/name`, `name`)
+# or a path (`/models/x`). Never starting with `-` (vLLM would parse the value as a flag:
+# `-pp=2`, `--trust-remote-code`), no whitespace or control characters. One anchored plain
+# class, read alike by Python, pydantic and the API server's RE2 (the CRD's `pattern`).
+MODEL_ID_PATTERN = r"^[A-Za-z0-9_./][-A-Za-z0-9_./:@+]*$"
+_MODEL_ID_RE = re.compile(MODEL_ID_PATTERN.removesuffix("$") + r"\Z")
+MODEL_ID_MESSAGE = (
+    "must be a Hugging Face or ModelScope id (`org/name`) or a path: letters, digits and "
+    "`-_./:@+`, not starting with `-` (vLLM would read it as a flag)"
+)
 
 
 def _prefix_pattern(body: str) -> str:
@@ -176,6 +189,10 @@ def problems(s: ServeSettings) -> list[Problem]:
     found: list[Problem] = []
     if not s.model.strip():
         found.append(Problem("model", "must not be empty"))
+    elif not _MODEL_ID_RE.match(s.model):
+        found.append(Problem("model", MODEL_ID_MESSAGE))
+    if s.served_model_name is not None and not _MODEL_ID_RE.match(s.served_model_name):
+        found.append(Problem("servedModelName", MODEL_ID_MESSAGE))
     if s.num_speculative_tokens < 0:
         found.append(Problem("speculative.numSpeculativeTokens", "must be 0 (off) or more"))
     if s.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
@@ -204,6 +221,9 @@ def problems(s: ServeSettings) -> list[Problem]:
             shown = flag if written == flag else f"{written} ({flag})"
             if flag in BREAKING_FLAGS:
                 why = "would break the pool (one pool: tensorParallelSize GPUs per replica)"
+            elif flag in CONFIG_FLAGS:
+                why = ("reads flags from a file, reserved ones included; write them in "
+                       "extraArgs instead")
             else:
                 why = "is set by the operator from the spec; use the matching spec field instead"
             found.append(Problem(f"extraArgs[{i}]", f"{shown} {why}"))

@@ -38,7 +38,15 @@ from mtp_runtime.gpu_detect import assumed
 from mtp_runtime.gpu_profiles import KError, KRequest, resolve_k
 from mtp_runtime.launcher import plan
 from mtp_runtime.pool_config import PoolConfig
-from mtp_runtime.vllm_command import ServeSettings, SettingsError, build_argv, problems
+from mtp_runtime.vllm_command import (
+    RESERVED_FLAGS,
+    ServeSettings,
+    SettingsError,
+    build_argv,
+    problems,
+    reserved_flags_in,
+    reserved_pattern,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -348,3 +356,143 @@ def test_a_schedule_not_from_batch_1_is_our_own_refusal(vllm_results) -> None:
     found = problems(ServeSettings(model="m", num_speculative_tokens=2,
                                    batch_size_schedule=((2, 8, 2),)))
     assert ("speculative.batchSizeSchedule[0]", "the first range must start at batch 1") in found
+
+
+# ---------------------------------------------------------------------------------------------
+# reserved extraArgs: what our check refuses is what vLLM's parser takes for the flag (issue 36)
+
+# a value per reserved flag, unlike its default, and what the parsed value then shows
+PROBE_VALUES = {
+    "--model": ("probe/model", r"probe/model"),
+    "--port": ("9123", r"^9123$"),
+    "--tensor-parallel-size": ("3", r"^3$"),
+    "--max-model-len": ("1234", r"^1234$"),
+    "--reasoning-parser": ("qwen3", r"qwen3"),
+    "--served-model-name": ("probe-name", r"probe-name"),
+    "--speculative-config": ('{"method":"mtp","num_speculative_tokens":3}',
+                             r'"num_speculative_tokens": "?3'),
+    "--spec-method": ("mtp", r"mtp"),
+    "--spec-tokens": ("3", r"^3$"),
+    "--pipeline-parallel-size": ("3", r"^3$"),
+    "--data-parallel-size": ("3", r"^3$"),
+    "--config": (None, None),  # a file: see spelling_cases
+}
+PROBE_CONFIG_PORT = 9124  # what the probe's --config file sets: a reserved flag
+
+
+def spelling_cases(config_file: str) -> list[dict[str, object]]:
+    """Every spelling our check refuses that can carry a value: `--flag v`, `--flag=v`,
+    underscores, every abbreviation down to one letter, dotted keys, the short forms."""
+    dsv3 = str(TINY / "dsv3-tiny")
+    long_of = {"-tp": "--tensor-parallel-size", "-sc": "--speculative-config",
+               "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size"}
+    assert set(PROBE_VALUES) | set(long_of) == set(RESERVED_FLAGS)
+    cases: list[dict[str, object]] = []
+
+    def add(flag: str, entries: list[str]) -> None:
+        cases.append({"id": f"spell/{flag}/{' '.join(entries)}", "flag": flag,
+                      "entry": entries[0], "argv": ["vllm", "serve", dsv3, *entries],
+                      "engine": False, "parse_only": True})
+
+    for flag in sorted(RESERVED_FLAGS):
+        long = long_of.get(flag, flag)
+        value = PROBE_VALUES[long][0] or config_file
+        if flag != long:  # a short form
+            add(long, [flag, value])
+            add(long, [f"{flag}={value}"])
+            continue
+        add(flag, [flag, value])
+        add(flag, [f"{flag}={value}"])
+        if "-" in flag[2:]:
+            add(flag, [flag[:2] + flag[2:].replace("-", "_"), value])
+        for end in range(3, len(flag)):
+            add(flag, [f"{flag[:end]}={value}"])
+    add("--speculative-config", ["--speculative-config.num_speculative_tokens=3"])
+    add("--speculative-config", ["-sc.num_speculative_tokens", "3"])
+    return cases
+
+
+@pytest.fixture(scope="session")
+def vllm_spellings(vllm_python: str, tmp_path_factory) -> tuple[list[dict[str, object]], dict]:
+    folder = tmp_path_factory.mktemp("spellings")
+    config_file = folder / "probe.yaml"
+    config_file.write_text(f"port: {PROBE_CONFIG_PORT}\n")
+    cases = spelling_cases(str(config_file))
+    dests = ["model", "model_tag", "config", "port", "tensor_parallel_size", "max_model_len",
+             "reasoning_parser", "served_model_name", "speculative_config", "spec_method",
+             "spec_tokens", "pipeline_parallel_size", "data_parallel_size"]
+    # a model or served name that starts with `-` (refused by problems() and the CRD)
+    injected = [{"id": "inject/model", "argv": ["vllm", "serve", "-pp=2", "--port", "8000"]},
+                {"id": "inject/served-name", "argv": ["vllm", "serve", str(TINY / "dsv3-tiny"),
+                                                      "--served-model-name", "-pp=2"]}]
+    payload = {"cases": [{"id": c["id"], "argv": c["argv"], "engine": False,
+                          "parse_only": True, "dests": dests} for c in cases + injected]}
+    out = folder / "results.json"
+    proc = subprocess.run([vllm_python, str(HERE / "vllm_driver.py"), str(out)],
+                          input=json.dumps(payload), capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0 and out.exists(), proc.stderr[-5000:]
+    doc = json.loads(out.read_text())
+    assert doc["vllm_version"] == "0.33.0"
+    doc["by_id"] = {r["id"]: r for r in doc["results"]}
+    doc["config_file"] = str(config_file)
+    return cases, doc
+
+
+def test_reserved_flags_are_vllm_flags_and_config_reads_a_file(vllm_spellings) -> None:
+    """Each reserved flag, `--config` included, is a real option of vLLM's serve parser, and
+    every other spelling vLLM has for the same setting (a short form) is refused too."""
+    _, doc = vllm_spellings
+    options = doc["serve_options"]
+    for flag in RESERVED_FLAGS:
+        assert flag in options, f"{flag} is not a vLLM 0.33 serve option"
+    reserved_dests = {options[f] for f in RESERVED_FLAGS}
+    for option, dest in options.items():
+        if dest in reserved_dests:
+            assert reserved_flags_in(option), f"{option} sets {dest} and is not refused"
+    # `--config FILE` loads the file's flags: here a reserved one, the port
+    result = doc["by_id"][f"spell/--config/--config {doc['config_file']}"]
+    assert result["ok"], result
+    assert result["values"]["port"] == PROBE_CONFIG_PORT
+
+
+def test_every_refused_spelling_is_that_flag_to_vllm(vllm_spellings) -> None:
+    """What our check (and the CRD's CEL rule, generated from the same pattern) refuses is what
+    vLLM parses as the reserved flag, or an abbreviation vLLM refuses itself as ambiguous."""
+    cases, doc = vllm_spellings
+    options = doc["serve_options"]
+    pattern = re.compile(reserved_pattern())
+    for case in cases:
+        flag, entry = str(case["flag"]), str(case["entry"])
+        assert reserved_flags_in(entry) and pattern.search(entry), entry  # we refuse it
+        result = doc["by_id"][case["id"]]
+        abbreviation = "=" in entry and entry.split("=", 1)[0] not in options and \
+            entry.split("=", 1)[0].replace("_", "-") not in options
+        if not result["ok"]:
+            assert abbreviation and "ambiguous" in (result["error"] or ""), result
+            continue
+        values = result["values"]
+        if flag == "--config":
+            assert values["config"] == doc["config_file"] or \
+                values["port"] == PROBE_CONFIG_PORT, result
+            continue
+        shown = json.dumps(values[options[flag]])
+        if flag == "--model" and values["model_tag"] == "probe/model":
+            shown = "probe/model"
+        assert re.search(PROBE_VALUES[flag][1], shown), (case["id"], values)
+
+
+def test_a_model_that_starts_with_a_dash_is_a_flag_to_vllm(vllm_spellings) -> None:
+    """Why model and servedModelName must not start with `-`: vLLM parses `-pp=2` in the
+    model's place as pipeline parallelism (and as a served name, as no name at all)."""
+    _, doc = vllm_spellings
+    model = doc["by_id"]["inject/model"]
+    assert model["ok"] and model["values"]["pipeline_parallel_size"] == 2, model
+    served = doc["by_id"]["inject/served-name"]
+    assert not served["ok"] or served["values"]["served_model_name"] != ["-pp=2"], served
+    for field, settings in (
+        ("model", ServeSettings(model="-pp=2", num_speculative_tokens=2)),
+        ("servedModelName", ServeSettings(model="m", num_speculative_tokens=2,
+                                          served_model_name="-pp=2")),
+    ):
+        assert field in [p.field for p in problems(settings)]

@@ -6,20 +6,24 @@ CPU, following shared/vllm-0.33.0/FACTS.md. vLLM is imported once (~15 s) for al
     python vllm_driver.py RESULT.json < cases.json
 
 cases.json: {"cases": [{"id": str, "argv": ["vllm", "serve", MODEL, ...],
-                        "engine": true, "env": {...}}]}
+                        "engine": true, "env": {...},
+                        "parse_only": false, "dests": [...]}]}
 RESULT.json: {"vllm_version": str, "reasoning_parsers": [...], "results": [{
     "id", "ok", "stage" (failing stage: parse | validate | reasoning_parser | engine_config),
     "error_type", "error", "speculative" ({"method", "num_speculative_tokens"} or null),
     "per_batch_size" (the speculative config's num_speculative_tokens_per_batch_size),
     "tensor_parallel_size", "max_model_len", "reasoning_parser",
-    "reasoning_parser_registered" (true/false, null when none is set)}]}
+    "reasoning_parser_registered" (true/false, null when none is set),
+    "values" (parse_only cases: {dest: the parsed value, as JSON (repr where JSON can't)})}],
+    "serve_options": {option string: dest} of the serve parser}
 
 Stages: (1) argparse with vLLM's serve parser (make_arg_parser); (2) validate_parsed_serve_args;
 (3) --reasoning-parser: the name must be in vLLM's ReasoningParserManager registry and its
 class must load (the very lookup create_engine_config does); (4) create_engine_config with the
 reasoning parser removed: with one set, vLLM 0.33 also tokenizes the parser's think tags and
 so needs the model's tokenizer, which the tiny config-only models don't ship. Stage 3 covers
-what stage 4 would check about the name.
+what stage 4 would check about the name. A `parse_only` case stops after stage 1 and reports
+the parsed values of its `dests` (what a spelling of a flag really sets).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ def main() -> int:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     registered = sorted(ReasoningParserManager.list_registered())
+    serve_parser = make_arg_parser(FlexibleArgumentParser())
+    serve_options = {opt: action.dest
+                     for opt, action in serve_parser._option_string_actions.items()}
     results = []
     for case in cases:
         argv = case["argv"]
@@ -61,10 +68,19 @@ def main() -> int:
                 raise ValueError(f"not a `vllm serve` command: {argv[:2]}")
             err = io.StringIO()
             try:
+                # parse_only cases (hundreds of spellings) share one parser: it is reusable
+                parser = (serve_parser if case.get("parse_only")
+                          else make_arg_parser(FlexibleArgumentParser()))
                 with contextlib.redirect_stderr(err):
-                    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[2:])
+                    args = parser.parse_args(argv[2:])
             except SystemExit as exc:
                 raise ValueError(err.getvalue().strip() or f"argparse exit {exc.code}") from None
+            if case.get("parse_only"):
+                res["values"] = {d: json.loads(json.dumps(getattr(args, d, None), default=repr))
+                                 for d in case.get("dests", [])}
+                res["ok"] = True
+                results.append(res)
+                continue
             args.model = args.model_tag
             stage = "validate"
             validate_parsed_serve_args(args)
@@ -106,7 +122,7 @@ def main() -> int:
 
     with open(out_path, "w") as f:
         json.dump({"vllm_version": vllm.__version__, "reasoning_parsers": registered,
-                   "results": results}, f, indent=1)
+                   "serve_options": serve_options, "results": results}, f, indent=1)
     return 0
 
 

@@ -9,9 +9,12 @@ EXTRA_ARGS_REFUSED = [
     "--enforce-eager --port 9000", "--enforce-eager\t-tp 2", "--model", "--mod=x",
     "--pipeline-parallel-size", "--pipeline_parallel", "-pp", "-pp=2", "--data-parallel-size=2",
     "--data-parallel", "-dp", "-dp.x",
+    # a config file can set any flag, reserved ones included (issue 36)
+    "--config", "--config=file.yaml", "--config file.yaml", "--conf", "--confi=x", "--config.x",
 ]  # fmt: skip
 EXTRA_ARGS_ACCEPTED = [
     "--enforce-eager", "--max-num-seqs=8", "--gpu-memory-utilization", "0.9", "--port-x",
     "--model-impl", "--reasoning-parser-plugin", "--data-parallel-size-local", "-dpl", "-tp8x",
     "--", "-", "hello --port", "x--port", "--tokenizer", "--portable",
+    "--config-format", "--config-format=hf", "--configx", "file.yaml",
 ]  # fmt: skip

@@ -51,9 +51,10 @@ _SPEC_RULES: dict[str, list[dict[str, str]]] = {
             # generated from the runtime's own list and matcher, so the API server refuses
             # exactly what the operator refuses (tests/unit/test_crd.py checks they agree)
             "rule": f"self.all(a, !a.matches('{_cel_string(reserved_pattern())}'))",
-            "message": "must not set flags the operator derives from the spec or that would "
-            "break the pool, in any spelling (underscores, abbreviations, =value, dotted keys, "
-            "several flags in one entry): " + ", ".join(sorted(RESERVED_FLAGS))
+            "message": "must not set flags the operator derives from the spec, that would "
+            "break the pool or that read flags from a file, in any spelling (underscores, "
+            "abbreviations, =value, dotted keys, several flags in one entry): "
+            + ", ".join(sorted(RESERVED_FLAGS))
             + "; use the spec fields instead",
         }
     ],

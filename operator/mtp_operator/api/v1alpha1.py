@@ -16,7 +16,7 @@ from pydantic.alias_generators import to_camel
 from mtp_operator.api.tuning import TUNING_CEL, BatchSizeRange, PoolTuningStatus, TuningSpec
 from mtp_runtime.gpu_profiles import PoolSource
 from mtp_runtime.pool_config import ENV_VAR
-from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
+from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS, MODEL_ID_PATTERN
 
 GROUP = "mtp-operator.io"
 VERSION = "v1alpha1"
@@ -280,10 +280,16 @@ _CEL_SPEC = [
 
 class MTPInferenceSpec(_Model):
     model: str = Field(
-        ..., min_length=1, description="Model to serve (Hugging Face or ModelScope id, or a path)."
+        ...,
+        min_length=1,
+        pattern=MODEL_ID_PATTERN,
+        description="Model to serve (Hugging Face or ModelScope id, or a path): letters, digits "
+        "and `-_./:@+`, not starting with `-`.",
     )
     served_model_name: str | None = Field(
-        None, description="Name the OpenAI API serves the model under."
+        None,
+        pattern=MODEL_ID_PATTERN,
+        description="Name the OpenAI API serves the model under (the same characters as model).",
     )
     model_source: Literal["huggingface", "modelscope"] = Field(
         "huggingface", description="`modelscope` sets VLLM_USE_MODELSCOPE=true."
