@@ -15,7 +15,9 @@ mkdir -p "$DEST/engine" "$DEST/runtime"
 if [ ! -s "$DEST/vllm-bundle.tar.xz" ]; then
   python3 "$ROOT/bench/gpu/build_bundle.py" --out "$DEST"
 fi
-cp "$ROOT/bench/gpu/install_bundle.py" "$ROOT/bench/gpu/measure.py" "$ROOT/bench/gpu/measure.sh" "$DEST/"
+cp "$ROOT/bench/gpu/install_bundle.py" "$ROOT/bench/gpu/measure.py" "$ROOT/bench/gpu/measure.sh" \
+   "$ROOT/bench/gpu/realsize.py" "$ROOT/bench/gpu/realsize.sh" "$ROOT/bench/gpu/realsize_models.py" \
+   "$ROOT/bench/gpu/acceptance_ext.py" "$DEST/"
 rm -rf "$DEST/runtime/mtp_runtime"
 cp -r "$ROOT/runtime/mtp_runtime" "$DEST/runtime/"
 find "$DEST/runtime" -name __pycache__ -prune -exec rm -rf {} +
