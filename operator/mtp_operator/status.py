@@ -20,6 +20,7 @@ from mtp_operator.naming import (
     pool_deployment_name,
 )
 from mtp_operator.planning import PoolPlan
+from mtp_operator.timestamps import time_problem
 from mtp_runtime.gpu_profiles import product_kind_label
 from mtp_runtime.problems import Problem, problems_text
 
@@ -81,6 +82,38 @@ def read_status(status: Mapping[str, Any] | MTPInferenceStatus | None) -> MTPInf
         return MTPInferenceStatus.model_validate(status or {})
     except ValidationError:
         return MTPInferenceStatus()
+
+
+# The status times the operator reads back and computes with (the others are copied as
+# they are): pools[]'s, and its tuning trial's and trials' (attribute: name in status).
+POOL_TIMES = {"settings_since": "settingsSince", "last_rollback_time": "lastRollbackTime",
+              "last_alert_time": "lastAlertTime", "product_gone_since": "productGoneSince"}
+TRIAL_TIMES = {"started": "started", "ended": "ended"}
+
+
+def bad_times(status: MTPInferenceStatus) -> list[str]:
+    """Each status time the operator computes with that is not a usable time, named by its
+    path and value with the reason (`timestamps.time_problem`). Such a value reads as absent
+    (`timestamps.parse_time`), and the next status write replaces it; the caller logs these."""
+    out = []
+
+    def check(path: str, obj: Any, names: Mapping[str, str]) -> None:
+        for attr, name in names.items():
+            value = getattr(obj, attr)
+            why = time_problem(value)
+            if why is not None:
+                out.append(f"{path}.{name} {value!r}: {why}; read as absent")
+
+    for pool in status.pools:
+        where = f"status.pools[{pool.gpu_product}]"
+        check(where, pool, POOL_TIMES)
+        if pool.tuning is None:
+            continue
+        if pool.tuning.trial is not None:
+            check(f"{where}.tuning.trial", pool.tuning.trial, TRIAL_TIMES)
+        for i, trial in enumerate(pool.tuning.trials):
+            check(f"{where}.tuning.trials[{i}]", trial, TRIAL_TIMES)
+    return out
 
 
 def to_wire(status: MTPInferenceStatus) -> dict[str, Any]:

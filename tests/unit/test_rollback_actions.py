@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -411,3 +412,60 @@ async def test_a_large_valid_body_takes_time_linear_in_its_size(serving) -> None
     t_small = min([await took(500), await took(500)])
     t_large = min([await took(4000), await took(4000)])
     assert t_large < 24 * t_small + 0.5, (t_small, t_large)
+
+
+@pytest.mark.parametrize("field", ["settingsSince", "lastRollbackTime", "lastAlertTime"])
+@pytest.mark.parametrize(
+    "bad", ["yesterday", "2026-13-45T00:00:00Z", "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z"]
+)
+async def test_a_bad_time_in_a_pools_status_is_read_as_absent(
+    serving, field: str, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A time in status.pools[] that is not RFC 3339 (hand-edited, another writer) or that no
+    duration can be added to without overflow (year 9999, year 1) is read as absent and said
+    in a log naming the resource, the pool and the field; the alert is acted on as if the
+    field were unset (no rollback before: no cooldown), never raised (the webhook's 500,
+    issue 36)."""
+    kube, view, actions, _clock = serving
+    body = view.resources[KEY]
+    pool = next(p for p in body["status"]["pools"] if p["gpuProduct"] == H100)
+    pool[field] = bad
+    caplog.set_level(logging.WARNING, logger="mtp_operator")
+    outcome = await actions.apply_signals([low_hit_rate()])
+    assert (outcome.rolled_back, outcome.unchanged, outcome.unknown) == (1, 0, [])
+    assert k_of(kube.deployments()[H100]) == 5
+    said = [r.getMessage() for r in caplog.records if field in r.getMessage()]
+    assert said and "ml/res" in said[0] and H100 in said[0] and repr(bad) in said[0], said
+    written = next(p for p in kube.statuses[KEY]["pools"] if p["gpuProduct"] == H100)
+    assert written.get(field) != bad  # the next write replaces it
+
+
+async def test_one_resource_whose_state_cannot_be_read_does_not_fail_the_request(
+    monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A state error (ValueError and kin) while deciding for one resource ends that
+    resource's share of the request, logged with its name; the other resource of the same
+    body is rolled back and apply_signals returns (the webhook answers 200, not the 500
+    Alertmanager retries for ever; issue 36)."""
+    from mtp_operator.control import rollback as control_rollback
+
+    kube, view, actions, _clock = await rolled_out([H100], {})
+    view.add(mtpinference("other", {"model": "org/model", "tensorParallelSize": 8}))
+    await actions.reconciler.reconcile(("ml", "other"))
+    view.deliver(kube, ready=True)
+    real = control_rollback.decide
+
+    def decide(state, signal, *a, **kw):
+        if signal.target.mtpinference == "res":
+            raise ValueError("a state nobody foresaw")
+        return real(state, signal, *a, **kw)
+
+    monkeypatch.setattr(control_rollback, "decide", decide)
+    caplog.set_level(logging.WARNING, logger="mtp_operator")
+    outcome = await actions.apply_signals([low_hit_rate(), low_hit_rate(name="other")])
+    assert (outcome.rolled_back, outcome.unchanged, outcome.unknown) == (1, 1, [])
+    assert [r.getMessage() for r in caplog.records if "ml/res" in r.getMessage()] == [
+        "ml/res: 1 alert(s) not acted on: the resource's state could not be read"
+    ]
+    ks = {name: k_of(o) for (kind, _, name), o in kube.objects.items() if kind == "Deployment"}
+    assert ks == {"res-h100-80gb-hbm3": 6, "other-h100-80gb-hbm3": 5}

@@ -26,6 +26,7 @@ from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.control.pool_writes import BULK_WRITES_IN_FLIGHT, PoolWrites
 from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
 from mtp_operator.drift import annotations_read
+from mtp_operator.events import REASON_PRODUCT_DOES_NOT_FIT, fit_refusals
 from mtp_operator.model_cache import cache_problems, effective
 from mtp_operator.planning import NodeInventory, PoolPlan
 from mtp_operator.reconcile_plan import (
@@ -41,6 +42,7 @@ from mtp_operator.rollback.policy import Decision
 from mtp_operator.rollback.state import with_decisions
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.status import (
+    bad_times,
     observe_deployment,
     read_status,
     status_changed,
@@ -324,6 +326,8 @@ class Reconciler(PoolWrites):
         if memo is None or memo[0] is not raw:
             memo = (raw, read_status(raw))
             slot.read_memo = memo
+            for what in bad_times(memo[1]):  # read as absent, not raised (issue 36)
+                log.warning("%s/%s: %s", key[0], key[1], what)
         return memo[1]
 
     async def _write_status(
@@ -430,6 +434,8 @@ class Reconciler(PoolWrites):
             await self.kube.event(
                 body, plan.problem_reason, problems_text(plan.problems), "Warning"
             )
+        for message in fit_refusals(persisted, status):  # spec.fit: a product gets no pool
+            await self.kube.event(body, REASON_PRODUCT_DOES_NOT_FIT, message, "Warning")
         await self._write_status(key, persisted, status)
         if applied.error:
             # the caller retries (reconcile_or_retry): the API server may be briefly away

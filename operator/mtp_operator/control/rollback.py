@@ -53,6 +53,11 @@ WIDE_REQUEST_PASSES = 1
 DECISIONS_PER_YIELD = 32
 
 
+# Errors that come of reading one resource's state (a hand-edited status or spec), not of
+# the API server: they end that resource's share of a request, not the request.
+STATE_ERRORS = (ArithmeticError, AttributeError, LookupError, TypeError, ValueError)
+
+
 class NotReady(RuntimeError):
     """The operator has not finished its first listing of the cluster; try again shortly."""
 
@@ -118,7 +123,17 @@ class RollbackActions:
             # an alert's writes (its pass, its Events) do not queue behind a rollout's
             with urgent_writes():
                 async with passes:
-                    await self._apply_to_resource(key, sigs, outcome, received, yields=wide)
+                    try:
+                        await self._apply_to_resource(key, sigs, outcome, received, yields=wide)
+                    except STATE_ERRORS:
+                        # what this resource holds (its status, its spec) cannot be read:
+                        # its alerts are not acted on and the rest of the body is; never a
+                        # 500 that Alertmanager retries for ever (issue 36). API errors still
+                        # raise: a retry may fix those.
+                        log.exception("%s/%s: %d alert(s) not acted on: the resource's state "
+                                      "could not be read", key[0], key[1], len(sigs))
+                        outcome.unchanged += len(sigs)
+                        return
                     if self.view.resource(key) is None:
                         # deleted meanwhile: its slot went with the watch's DELETED event
                         # (Reconciler.forget); one made again by this request goes too
