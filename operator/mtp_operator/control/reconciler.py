@@ -26,7 +26,6 @@ from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.control.pool_writes import BULK_WRITES_IN_FLIGHT, PoolWrites
 from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
 from mtp_operator.drift import annotations_read
-from mtp_operator.events import REASON_PRODUCT_DOES_NOT_FIT, fit_refusals
 from mtp_operator.model_cache import cache_problems, effective
 from mtp_operator.planning import NodeInventory, PoolPlan
 from mtp_operator.reconcile_plan import (
@@ -434,8 +433,6 @@ class Reconciler(PoolWrites):
             await self.kube.event(
                 body, plan.problem_reason, problems_text(plan.problems), "Warning"
             )
-        for message in fit_refusals(persisted, status):  # spec.fit: a product gets no pool
-            await self.kube.event(body, REASON_PRODUCT_DOES_NOT_FIT, message, "Warning")
         await self._write_status(key, persisted, status)
         if applied.error:
             # the caller retries (reconcile_or_retry): the API server may be briefly away
