@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.planning import validate_spec
 from mtp_operator.pod_parts import pod_part_problems
+from mtp_operator.traffic_classes import class_problems
 from mtp_operator.tuning.settings import tuning_problems
 from mtp_runtime.problems import Problem, problems_text
 
@@ -51,5 +52,5 @@ def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None,
         problems = {Problem(_field(e["loc"]), _message(e["msg"])) for e in err.errors()}
         return None, sorted(problems)
     parts = pod_part_problems(spec.env, spec.resources, spec.tolerations)
-    found = validate_spec(spec) + tuning_problems(spec)
+    found = validate_spec(spec) + tuning_problems(spec) + class_problems(spec)
     return spec, parts + [p for p in found if p not in parts]

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from mtp_operator.api import classes as classes_api
 from mtp_operator.api import v1alpha1 as api
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS, RESERVED_FLAGS, reserved_pattern
 
@@ -226,6 +227,22 @@ def _schema_for(model: type) -> dict[str, Any]:
     return _resolve(raw, raw.get("$defs", {}))
 
 
+def _classes_schema(classes: dict[str, Any]) -> None:
+    """spec.speculative.classes: names unique (a list-map keyed by name), the list's CEL, and
+    each class's K and tuning as the resource's own."""
+    classes["x-kubernetes-list-type"] = "map"
+    classes["x-kubernetes-list-map-keys"] = ["name"]
+    classes["x-kubernetes-validations"] = classes_api.CLASSES_CEL
+    item = classes["items"]
+    item["x-kubernetes-validations"] = classes_api.CLASS_CEL
+    props = item["properties"]
+    props["numSpeculativeTokens"]["x-kubernetes-validations"] = _INT_OR_STRING_RULES[
+        "numSpeculativeTokens"
+    ]
+    props["promptTokens"]["x-kubernetes-validations"] = classes_api.PROMPT_TOKENS_CEL
+    props["tuning"]["properties"]["candidates"]["x-kubernetes-list-type"] = "set"
+
+
 def _spec_schema() -> dict[str, Any]:
     spec = _schema_for(api.MTPInferenceSpec)
     props = spec["properties"]
@@ -240,6 +257,8 @@ def _spec_schema() -> dict[str, Any]:
     spec_props["tuning"]["default"] = {}
     spec_props["tuning"]["properties"]["candidates"]["x-kubernetes-list-type"] = "set"
     props["extraArgs"]["x-kubernetes-validations"] = _SPEC_RULES["extraArgs"]
+    _classes_schema(spec_props["classes"])
+    props["speculative"]["x-kubernetes-validations"] = classes_api.SPECULATIVE_CEL
     cache = props["modelCache"]
     cache["x-kubernetes-validations"] = api.MODEL_CACHE_CEL
     cache["properties"]["hostPath"]["properties"]["path"]["x-kubernetes-validations"] = (

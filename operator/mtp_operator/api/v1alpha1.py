@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from mtp_operator.api.classes import MAX_CLASSES, TrafficClass
 from mtp_operator.api.tuning import TUNING_CEL, BatchSizeRange, PoolTuningStatus, TuningSpec
 from mtp_runtime.gpu_profiles import PoolSource
 from mtp_runtime.pool_config import ENV_VAR
@@ -101,6 +102,14 @@ class SpeculativeSpec(_Model):
     tuning: TuningSpec = Field(
         default_factory=TuningSpec,  # type: ignore[arg-type]
         description="Measured K: find each pool's K with the most output tokens per second.",
+    )
+    classes: list[TrafficClass] | None = Field(
+        None,
+        max_length=MAX_CLASSES,
+        description="Traffic classes, each with its own K and its own pool per GPU product: "
+        "by prompt length in tokens (promptTokens ranges: no overlap, no gap) or by a request "
+        "header value; at most one default class (neither). The endpoint picker routes each "
+        "request to its class's pools (the InferencePool the operator renders).",
     )
 
 
