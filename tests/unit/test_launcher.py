@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -55,6 +56,7 @@ while True:
     time.sleep(0.05)
     if fake is not None:
         fake.advance_random(5, 0.9)
+        fake.running = 1.0 if os.path.exists(out + ".busy") else 0.0
 '''
 
 
@@ -85,6 +87,8 @@ def setup(tmp_path: Path):
     env["FAKE_VLLM_OUT"] = str(tmp_path / "vllm")
     env["VLLM_PORT"] = "tcp://10.0.0.1:8000"  # what a Service named vllm would inject
     env.pop("MTP_RUNTIME_CONFIG", None)
+    env["MTP_RUNTIME_STATE_DIR"] = str(tmp_path / "state")
+    env["MTP_RUNTIME_DRAIN_SETTLE_SECONDS"] = "0.2"
     return tmp_path, cfg, env, port
 
 
@@ -203,3 +207,95 @@ def test_helpers() -> None:
     # the pod's own keep-alive wins
     env, _ = child_environment({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "5"}, {})
     assert env == {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "5"}
+
+
+def http_get(url: str) -> tuple[int | None, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return None, ""
+
+
+def poll(fn, what: str, proc: subprocess.Popen[str], timeout: float = 20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        if proc.poll() is not None:
+            raise AssertionError(f"runtime exited before {what}: {proc.communicate()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"never {what}: {proc.communicate()}")
+
+
+def test_sigterm_drains_before_vllm_is_stopped(setup) -> None:
+    """SIGTERM: /ready turns 503 at once, vLLM keeps running while it reports a running
+    request, and gets SIGTERM (with --shutdown-timeout on its command line) once idle."""
+    tmp, cfg, env, _ = setup
+    env["FAKE_VLLM_MODE"] = "serve"
+    exporter_port = free_port()
+    ready_url = f"http://127.0.0.1:{exporter_port}/ready"
+    proc = start_runtime(cfg, env, "--exporter-port", str(exporter_port),
+                         "--exporter-host", "127.0.0.1")
+    try:
+        wait_for(tmp / "vllm.ready", proc)
+        assert poll(lambda: http_get(ready_url)[0] == 200, "Ready", proc)
+        (tmp / "vllm.busy").touch()  # the fake reports one running request
+        proc.send_signal(signal.SIGTERM)
+        assert poll(lambda: http_get(ready_url) == (503, "draining\n"), "draining", proc)
+        marker = tmp / "state" / "draining"
+        assert marker.exists()
+        # still busy: the drain cannot have ended (its timeout is 120 s), vLLM not signalled
+        assert not (tmp / "vllm.signal").exists() and proc.poll() is None
+        (tmp / "vllm.busy").unlink()
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    assert (tmp / "vllm.signal").read_text() == str(int(signal.SIGTERM))
+    events = log_events(stderr)
+    done = next(e for e in events if e["event"] == "drain_done")
+    assert done["reason"] == "idle" and done["by"] == "sigterm"
+    names = [e["event"] for e in events]
+    assert names.index("drain_begun") < names.index("drain_done") < names.index(
+        "signal_forwarded")
+    argv = json.loads((tmp / "vllm.argv").read_text())["argv"]
+    assert argv[argv.index("--shutdown-timeout") + 1] == "10"
+
+
+def test_drain_command_is_the_prestop(setup) -> None:
+    """`mtp-runtime drain` (another process, as the preStop is) makes serve's /ready 503 and
+    returns once vLLM is idle; the SIGTERM after it continues the same drain."""
+    tmp, cfg, env, _ = setup
+    env["FAKE_VLLM_MODE"] = "serve"
+    exporter_port = free_port()
+    ready_url = f"http://127.0.0.1:{exporter_port}/ready"
+    proc = start_runtime(cfg, env, "--exporter-port", str(exporter_port),
+                         "--exporter-host", "127.0.0.1")
+    try:
+        wait_for(tmp / "vllm.ready", proc)
+        assert poll(lambda: http_get(ready_url)[0] == 200, "Ready", proc)
+        drained = subprocess.run(
+            [sys.executable, "-m", "mtp_runtime.cli", "drain", "--config", str(cfg)],
+            env=env, capture_output=True, text=True, timeout=60)
+        assert drained.returncode == 0, drained.stderr
+        done = [e for e in log_events(drained.stderr) if e["event"] == "drain_done"]
+        assert [(e["reason"], e["by"]) for e in done] == [("idle", "drain")]
+        assert http_get(ready_url) == (503, "draining\n")
+        assert proc.poll() is None and not (tmp / "vllm.signal").exists()
+        started = float((tmp / "state" / "draining").read_text())
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    begun = next(e for e in log_events(stderr) if e["event"] == "drain_begun")
+    assert begun["started_at"] == round(started, 3)  # the preStop's drain, continued
