@@ -25,11 +25,18 @@ DEFAULT_K = 3
 PoolSource = Literal["profile", "override", "cap", "rollback", "off", "tuned"]
 
 
+# vLLM's num_speculative_tokens_per_batch_size: inclusive (first batch size, last, K) bands
+Schedule = tuple[tuple[int, int, int], ...]
+
+
 @dataclass(frozen=True)
 class GPUProfile:
     family: str  # the model token in the product string, e.g. "H100"
-    k: int
+    k: int  # the largest K the pool runs (with a schedule: its largest band K)
     reason: str
+    # K per batch-size band where a measurement found the best K differs across bands; empty:
+    # one K at every batch size. vLLM sizes per-request draft state for the largest K.
+    schedule: Schedule = ()
 
 
 # The default table. A100, H100 and L40S come from the field report; the other rows are our
@@ -155,11 +162,8 @@ def default_k(product: str, cluster_overrides: Mapping[str, int] | None = None) 
         k = _lookup(cluster_overrides, product)
         if k is not None:
             return k
-    family = product_family(product)
-    for profile in DEFAULT_PROFILES:
-        if profile.family == family:
-            return profile.k
-    return DEFAULT_K
+    profile = profile_for(product)
+    return profile.k if profile is not None else DEFAULT_K
 
 
 def valid_k_for_depth(k: int, mtp_layers: int | None) -> bool:
@@ -182,6 +186,30 @@ class KResolution:
     k: int
     source: PoolSource
     reason: str
+    schedule: Schedule = ()  # from a measured profile: K per batch-size band, each <= k
+
+
+def profile_for(product: str) -> GPUProfile | None:
+    family = product_family(product)
+    for profile in DEFAULT_PROFILES:
+        if profile.family == family:
+            return profile
+    return None
+
+
+def bounded_schedule(schedule: Schedule, k_max: int, depth: int | None) -> Schedule:
+    """`schedule` with every band's K at most `k_max` and valid for the MTP depth, neighbours
+    of equal K merged; empty when one K is left for every batch size (then K says it all)."""
+    out: list[tuple[int, int, int]] = []
+    for first, last, k in schedule:
+        k = min(k, k_max)
+        if not valid_k_for_depth(k, depth):
+            k = (k // depth) * depth if depth else k
+        if out and out[-1][2] == k and out[-1][1] + 1 == first:
+            out[-1] = (out[-1][0], last, k)
+        else:
+            out.append((first, last, k))
+    return tuple(out) if len({k for _, _, k in out}) > 1 else ()
 
 
 class KError(ValueError):
@@ -215,6 +243,7 @@ def resolve_k(
     depth = request.mtp_layers
     cap = request.max_speculative_tokens
     explicit = request.num_speculative_tokens
+    schedule: Schedule = ()
     if explicit != "auto":
         field = "speculative.numSpeculativeTokens"
         if cap is not None and explicit > cap:
@@ -234,6 +263,11 @@ def resolve_k(
         k, source = default_k(product, cluster_overrides), "profile"
         family = product_family(product) or "other GPUs"
         reason = f"GPU profile for {family}"
+        profile = profile_for(product)
+        from_table = not cluster_overrides or _lookup(cluster_overrides, product) is None
+        if profile is not None and profile.schedule and from_table:
+            schedule = profile.schedule
+            reason = f"{reason} ({profile.reason})"
         share = share_of_card(product)
         exact = cluster_overrides and any(
             normalize_product(key).lower() == normalize_product(product).lower()
@@ -244,6 +278,7 @@ def resolve_k(
             # or a shared GPU has only its share of it
             k = max(1, int(k * share[0]))
             reason = f"{reason}, scaled to {share[1]}"
+            schedule = ()  # measured on whole cards
 
     if cap is not None and k > cap:
         k, source, reason = cap, "cap", f"{reason}, capped by maxSpeculativeTokens={cap}"
@@ -253,4 +288,4 @@ def resolve_k(
         reason = f"{reason}, lowered to a multiple of mtpLayers={depth}"
     if k == 0:
         return KResolution(0, "off", f"{reason}: speculation off")
-    return KResolution(k, source, reason)
+    return KResolution(k, source, reason, bounded_schedule(schedule, k, depth))
