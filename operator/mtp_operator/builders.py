@@ -16,6 +16,7 @@ from mtp_operator.naming import (
     ANNOTATION_COMMAND,
     ANNOTATION_GPU_PRODUCT,
     ANNOTATION_SETTINGS_HASH,
+    ANNOTATION_TRAFFIC_CLASS,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     LABEL_CANARY,
@@ -30,6 +31,9 @@ from mtp_operator.naming import (
     short_hash,
 )
 from mtp_operator.planning import PoolPlan
+from mtp_operator.routing import routing_objects
+from mtp_operator.traffic_classes import context_length_range
+from mtp_runtime.drain import DRAIN_SECONDS_ENV, STOP_MARGIN_S
 from mtp_runtime.gpu_profiles import entries_for
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 from mtp_runtime.vllm_command import DEFAULT_PORT, build_argv, build_env
@@ -41,6 +45,11 @@ STARTUP_PROBE_FAILURES = 180
 STARTUP_BUDGET_S = STARTUP_PROBE_PERIOD_S * STARTUP_PROBE_FAILURES
 
 METRICS_PORT = 9400
+# Readiness is the runtime's /ready (vLLM's /health while not draining): it turns false when a
+# leaving pod's drain begins, while vLLM still serves the requests it holds (issue 37).
+READINESS_PATH = "/ready"
+READINESS_PERIOD_S = 2
+READINESS_FAILURES = 2
 FIELD_MANAGER = "mtp-operator"
 
 
@@ -53,6 +62,20 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def _pool_labels(name: str, spec: MTPInferenceSpec, plan: PoolPlan) -> dict[str, str]:
+    """A pool's labels; a class pool's also name its class and, for a prompt-length class,
+    its range (`llm-d.ai/context-length-range`, read by llm-d's context-length scorer)."""
+    if plan.traffic_class is None:
+        return pool_labels(name, plan.gpu_product)
+    cls = next((c for c in spec.speculative.classes or () if c.name == plan.traffic_class), None)
+    length_range = context_length_range(cls) if cls is not None else None
+    return pool_labels(name, plan.gpu_product, plan.traffic_class, length_range)
+
+
+def _class_annotation(plan: PoolPlan) -> dict[str, str]:
+    return {} if plan.traffic_class is None else {ANNOTATION_TRAFFIC_CLASS: plan.traffic_class}
 
 
 def pool_config(
@@ -91,6 +114,7 @@ def _pod_spec(
 ) -> dict:
     env = [{"name": ENV_VAR, "value": config.to_json()}]
     env += [{"name": k, "value": v} for k, v in sorted(build_env(plan.serve).items())]
+    env.append({"name": DRAIN_SECONDS_ENV, "value": str(spec.rollout.drain_seconds)})
     env += list(spec.env or [])
     affinity = {
         "nodeAffinity": {
@@ -128,7 +152,15 @@ def _pod_spec(
             "periodSeconds": STARTUP_PROBE_PERIOD_S,
             "failureThreshold": STARTUP_PROBE_FAILURES,
         },
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+        "readinessProbe": {
+            "httpGet": {"path": READINESS_PATH, "port": "metrics"},
+            "periodSeconds": READINESS_PERIOD_S,
+            "failureThreshold": READINESS_FAILURES,
+            "timeoutSeconds": 3,  # /ready asks vLLM's /health with a 2 s timeout
+        },
+        # A leaving pod drains first (mtp_runtime.drain): readiness false, then the requests
+        # it holds finish (or spec.rollout.drainSeconds pass); only then does vLLM stop.
+        "lifecycle": {"preStop": {"exec": {"command": ["mtp-runtime", "drain"]}}},
         "livenessProbe": {
             "httpGet": {"path": "/health", "port": "http"},
             "periodSeconds": 15,
@@ -141,7 +173,8 @@ def _pod_spec(
         "enableServiceLinks": False,
         "affinity": affinity,
         "tolerations": tolerations,
-        "terminationGracePeriodSeconds": 120,
+        # the drain, then vLLM's own --shutdown-timeout and its teardown
+        "terminationGracePeriodSeconds": spec.rollout.drain_seconds + STOP_MARGIN_S,
         "containers": [container],
         # tensor-parallel workers exchange tensors through shared memory
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
@@ -197,25 +230,28 @@ def pool_deployment(
     pod_spec = _pod_spec(spec, plan, config, spec.image or default_image, model_cache)
     replicas = spec.replicas if replicas is None else replicas
     digest, template_digest = settings_hashes(pod_spec, replicas)
-    labels = pool_labels(name, plan.gpu_product)
+    labels = _pool_labels(name, spec, plan)
     command = json.dumps(build_argv(plan.serve))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": pool_deployment_name(name, plan.gpu_product),
+            "name": pool_deployment_name(name, plan.gpu_product, plan.traffic_class),
             "namespace": namespace,
             "labels": dict(labels),
             "annotations": {
                 ANNOTATION_COMMAND: command,
                 ANNOTATION_SETTINGS_HASH: digest,
                 ANNOTATION_GPU_PRODUCT: plan.gpu_product,
+                **_class_annotation(plan),
             },
             "ownerReferences": [owner_reference(name, uid)],
         },
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": pool_selector(name, plan.gpu_product)},
+            "selector": {
+                "matchLabels": pool_selector(name, plan.gpu_product, plan.traffic_class)
+            },
             # GPU clusters have no spare GPUs to surge into.
             "strategy": {
                 "type": "RollingUpdate",
@@ -250,18 +286,19 @@ def canary_pod(
     """
     config = pool_config(spec, plan, cluster_profiles or {}, model_cache)
     pod_spec = _pod_spec(spec, plan, config, spec.image or default_image, model_cache)
-    labels = {**pool_labels(name, plan.gpu_product), LABEL_CANARY: "true"}
+    labels = {**_pool_labels(name, spec, plan), LABEL_CANARY: "true"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": canary_pod_name(name, plan.gpu_product, plan.k),
+            "name": canary_pod_name(name, plan.gpu_product, plan.k, plan.traffic_class),
             "namespace": namespace,
             "labels": labels,
             "annotations": {
                 ANNOTATION_COMMAND: json.dumps(build_argv(plan.serve)),
                 ANNOTATION_SETTINGS_HASH: settings_hash(pod_spec),
                 ANNOTATION_GPU_PRODUCT: plan.gpu_product,
+                **_class_annotation(plan),
             },
             "ownerReferences": [owner_reference(name, uid)],
         },
@@ -312,10 +349,12 @@ def desired_objects(
     objs += [
         pool_deployment(
             name, namespace, uid, spec, p, default_image, cluster_profiles, model_cache,
-            spec.replicas - 1 if p.gpu_product in canaries and spec.replicas >= 2 else None,
+            spec.replicas - 1 if p.key in canaries and spec.replicas >= 2 else None,
         )
         for p in plans
     ]
+    # traffic classes: after the pools (callers index the pools as objects[1:1 + len(plans)])
+    objs += routing_objects(name, namespace, owner_reference(name, uid), spec, plans)
     return objs
 
 
@@ -338,8 +377,10 @@ class DesiredSet:
         """The Service, then one Deployment per plan (rendered again after `release`)."""
         if self._objects is None:
             self._objects = desired_objects(*self._args)
-            self.hashes = tuple(
-                o["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH] for o in self._objects[1:]
+            self.hashes = tuple(  # the pools' (routing objects carry no settings hash)
+                o["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
+                for o in self._objects[1:]
+                if ANNOTATION_SETTINGS_HASH in (o["metadata"].get("annotations") or {})
             )
         return self._objects
 

@@ -39,6 +39,7 @@ from mtp_operator.naming import (
 from mtp_operator.planning import plan_pool
 from mtp_operator.render import PLACEHOLDER_UID, render_resource
 from mtp_operator.settings import OperatorSettings
+from mtp_runtime.drain import DRAIN_SECONDS_ENV, STOP_MARGIN_S
 from mtp_runtime.model_cache import ModelCache
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 from mtp_runtime.vllm_command import build_argv
@@ -389,7 +390,7 @@ def test_resources_tolerations_env_and_node_selector_from_the_spec() -> None:
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "dedicated", "operator": "Equal", "value": "ml"},
     ]
-    assert [e["name"] for e in container["env"]] == [ENV_VAR, "HF_TOKEN"]
+    assert [e["name"] for e in container["env"]] == [ENV_VAR, DRAIN_SECONDS_ENV, "HF_TOKEN"]
     assert pod["nodeSelector"] == {"pool": "inference"}
 
 
@@ -483,3 +484,29 @@ def test_label_values_are_cut_with_a_hash() -> None:
     deploy = _deployment(_spec(), long_product)
     assert deploy["metadata"]["labels"][LABEL_GPU_PRODUCT] == value
     assert _name_ok(deploy["metadata"]["name"])
+
+
+@pytest.mark.parametrize("drain", [None, 0, 600])
+def test_pool_pods_drain_before_they_stop(drain: int | None) -> None:
+    """Issue 37: readiness is the runtime's /ready, the preStop is `mtp-runtime drain`, the
+    drain timeout reaches the runtime, and the grace period covers it plus vLLM's stop."""
+    spec = _spec() if drain is None else _spec(rollout={"drainSeconds": drain})
+    seconds = spec.rollout.drain_seconds
+    assert seconds == (120 if drain is None else drain)
+    pods = [_deployment(spec, "NVIDIA-H200")["spec"]["template"]["spec"],
+            builders.canary_pod("res", "ns", "uid", spec, plan_pool(spec, "NVIDIA-H200"),
+                                "img:1")["spec"]]
+    for pod in pods:
+        (container,) = pod["containers"]
+        assert pod["terminationGracePeriodSeconds"] == seconds + STOP_MARGIN_S
+        assert container["lifecycle"]["preStop"]["exec"]["command"] == ["mtp-runtime", "drain"]
+        probe = container["readinessProbe"]["httpGet"]
+        assert (probe["path"], probe["port"]) == ("/ready", "metrics")
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env[DRAIN_SECONDS_ENV] == str(seconds)
+
+
+@pytest.mark.parametrize("bad", [-1, 3601, "x", 1.5])
+def test_drain_seconds_out_of_bounds_names_the_field(bad: object) -> None:
+    with pytest.raises(ValueError, match="rollout.drainSeconds"):
+        _spec(rollout={"drainSeconds": bad})

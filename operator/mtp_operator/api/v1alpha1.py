@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 from mtp_operator.api.classes import MAX_CLASSES, TrafficClass
 from mtp_operator.api.tuning import TUNING_CEL, BatchSizeRange, PoolTuningStatus, TuningSpec
 from mtp_runtime.gpu_profiles import PoolSource
+from mtp_runtime.drain import DRAIN_SECONDS_ENV
 from mtp_runtime.pool_config import ENV_VAR
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS, MODEL_ID_PATTERN
 
@@ -39,7 +40,7 @@ MAX_DURATION_SECONDS = 30 * 24 * 3600  # rollback timings: 30 days at most
 MAX_MTP_LAYERS = 64
 # The pod parts a spec passes through (env, tolerations): what Kubernetes accepts, and the
 # environment variables the operator sets itself in every pool container.
-RESERVED_ENV = (ENV_VAR, "VLLM_USE_MODELSCOPE")
+RESERVED_ENV = (ENV_VAR, "VLLM_USE_MODELSCOPE", DRAIN_SECONDS_ENV)
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -157,6 +158,25 @@ class RollbackSpec(_Model):
         ge=1,
         le=INT32_MAX,
         description="Built-in evaluator: fewer drafts than this in the window counts as no data.",
+    )
+
+
+# spec.rollout.drainSeconds: how long a leaving pool pod may finish its requests (issue 37).
+# 0 skips the wait (the endpoint still leaves first); one hour bounds a pod's termination.
+DEFAULT_DRAIN_SECONDS = 120
+MAX_DRAIN_SECONDS = 3600
+
+
+class RolloutSpec(_Model):
+    """How a pool pod is replaced when K (or any setting) changes."""
+
+    drain_seconds: int = Field(
+        DEFAULT_DRAIN_SECONDS,
+        ge=0,
+        le=MAX_DRAIN_SECONDS,
+        description="A leaving pool pod stops being Ready first, then has up to this many "
+        "seconds to finish the requests it holds before vLLM stops (0 to 3600; size it for "
+        "the longest generation). The pod's terminationGracePeriodSeconds is this plus 30.",
     )
 
 
@@ -384,6 +404,7 @@ class PoolStatus(_Model):
     last_alert_time: str | None = None
     retained: str | None = Field(
         None,
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)  # type: ignore[arg-type]
         description="Why this pool is kept as it runs although no node fits it now: "
         "`NoSchedulableNode` (cordoned, NotReady, drained) or `ProductGone` (no node carries "
         "the product; removed after the operator's poolRemovalGraceSeconds).",
