@@ -20,7 +20,11 @@ RECONCILING = "Reconciling"
 STALLED = "Stalled"
 # Pools kept as they run although no node fits them now (present only once it was True).
 POOLS_RETAINED = "PoolsRetained"
-ORDER = (READY, PROGRESSING, DEGRADED, ROLLED_BACK, POOLS_RETAINED, RECONCILING, STALLED)
+# Does the model fit each GPU product (spec.fit; present only with spec.fit).
+MODEL_FITS = "ModelFits"
+ORDER = (
+    READY, PROGRESSING, DEGRADED, ROLLED_BACK, POOLS_RETAINED, MODEL_FITS, RECONCILING, STALLED
+)
 
 # Reasons, named so users and tools can match on them.
 REASON_ALL_POOLS_READY = "AllPoolsReady"
@@ -35,6 +39,8 @@ REASON_ROLLED_BACK = "RolledBack"
 REASON_NOT_ROLLED_BACK = "NotRolledBack"
 REASON_NO_REPLICAS = "ScaledToZero"
 REASON_ALL_POOLS_PLACED = "AllPoolsPlaced"
+REASON_ALL_PRODUCTS_FIT = "AllProductsFit"
+REASON_PRODUCTS_DO_NOT_FIT = "ProductsDoNotFit"
 
 
 @dataclass(frozen=True)

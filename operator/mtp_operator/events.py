@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from mtp_operator.api.v1alpha1 import RollbackRecord
+from mtp_operator.api.v1alpha1 import MTPInferenceStatus, RollbackRecord
 from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
 from mtp_operator.planning import PoolPlan
 
@@ -19,6 +19,7 @@ REASON_POOL_REMOVED = "PoolRemoved"
 REASON_POOL_RETAINED = "PoolRetained"
 REASON_MANUAL_CHANGE_REVERTED = "ManualChangeReverted"
 REASON_SPECULATION_ROLLED_BACK = "SpeculationRolledBack"
+REASON_PRODUCT_DOES_NOT_FIT = "ProductDoesNotFit"  # spec.fit: a GPU product gets no pool
 # a spec that cannot be served: the Degraded condition's reason, as the Event's
 BLOCKED_REASONS = (REASON_INVALID_SPEC, REASON_NO_FITTING_NODES)
 # the longest message an Event carries (kube.KubeClient.event cuts a longer one)
@@ -84,3 +85,14 @@ def speculation_rolled_back_steps(records: Sequence[RollbackRecord]) -> str:
         f"pool {first.gpu_product}: K {first.from_k} -> {last.to_k} in {len(records)} steps"
         f" (last: {last.reason}, via {last.via}; each step in status.rollbacks)"
     )
+
+
+def fit_refusals(before: MTPInferenceStatus, after: MTPInferenceStatus) -> list[str]:
+    """ProductDoesNotFit messages: each refused product (status.fit) whose refusal is new or
+    says something new, with the numbers."""
+    old = {f.gpu_product: f.message for f in before.fit if f.verdict == "DoesNotFit"}
+    return [
+        f"{f.gpu_product} gets no pool: {f.message}"
+        for f in after.fit
+        if f.verdict == "DoesNotFit" and old.get(f.gpu_product) != f.message
+    ]

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, PoolSource
+from mtp_operator.fit import Fit, ProductShape, decide, shape_of
 from mtp_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from mtp_runtime.gpu_profiles import KError, KRequest, resolve_k
 from mtp_runtime.problems import Problem, problems_text
@@ -93,12 +94,50 @@ class NodeInventory:
     def of(cls, nodes: Iterable[GPUNode] | NodeInventory) -> NodeInventory:
         return nodes if isinstance(nodes, NodeInventory) else cls(nodes)
 
+    def shapes(self, selector: Mapping[str, str] | None) -> dict[str, ProductShape]:
+        """Per product, its schedulable nodes that match `selector` as fit reads them
+        (allocatable GPUs, per-GPU memory); products without such a node are left out.
+        Kept per selector: every resource with the same selector reads the same shapes."""
+        memo: dict[tuple[tuple[str, str], ...], dict[str, ProductShape]]
+        memo = self.__dict__.setdefault("_shapes", {})
+        key = tuple(sorted((selector or {}).items()))
+        if key not in memo:
+            out = {}
+            for product, of_product in self.by_product.items():
+                matching = [
+                    (n.allocatable_gpus, n.labels)
+                    for n in of_product
+                    if n.schedulable and all(n.labels.get(k) == v for k, v in key)
+                ]
+                if matching:
+                    out[product] = shape_of(product, matching)
+            memo[key] = out
+        return memo[key]
+
+
+def product_fits(
+    spec: MTPInferenceSpec, nodes: Iterable[GPUNode] | NodeInventory
+) -> dict[str, Fit]:
+    """The fit verdict (fit.decide) of each GPU product the spec may use that has a
+    schedulable node matching its nodeSelector, by product. Without spec.fit the verdict is
+    today's rule (a node with tensorParallelSize allocatable GPUs), marked NotChecked."""
+    inventory = NodeInventory.of(nodes)
+    allowed = None if spec.gpu_products is None else set(spec.gpu_products)
+    return {
+        product: decide(spec.fit, spec.model, spec.tensor_parallel_size, shape)
+        for product, shape in sorted(inventory.shapes(spec.node_selector).items())
+        if allowed is None or product in allowed
+    }
+
 
 def fitting_products(
     spec: MTPInferenceSpec, nodes: Iterable[GPUNode] | NodeInventory
 ) -> list[str]:
-    """GPU products with at least one schedulable node that can hold a replica, sorted."""
+    """GPU products with at least one schedulable node that can hold a replica, sorted
+    (with spec.fit: products the model fits, on one node or a group of nodes)."""
     inventory = NodeInventory.of(nodes)
+    if spec.fit is not None:
+        return [p for p, f in product_fits(spec, inventory).items() if f.placeable]
     selector = spec.node_selector or {}
     if selector:
         products = {
@@ -142,6 +181,12 @@ def _excluded_by_spec(spec: MTPInferenceSpec, product: str, nodes: list[GPUNode]
     matching = [n for n in nodes if all(n.labels.get(k) == v for k, v in selector.items())]
     if not matching:
         return f"no node of this product matches nodeSelector {selector}"
+    if spec.fit is not None:  # the model does not fit this GPU, whatever its nodes do now
+        fit = decide(
+            spec.fit, spec.model, spec.tensor_parallel_size,
+            shape_of(product, [(n.gpus, n.labels) for n in matching]),
+        )
+        return fit.message if not fit.placeable and fit.permanent else None
     if all(n.gpus < spec.tensor_parallel_size for n in matching):
         return f"no node of this product has {spec.tensor_parallel_size} GPUs (tensorParallelSize)"
     return None
@@ -214,8 +259,13 @@ def pool_fates(
     return out
 
 
-def no_fit_problem(spec: MTPInferenceSpec) -> Problem:
+def no_fit_problem(spec: MTPInferenceSpec, fits: Mapping[str, Fit] | None = None) -> Problem:
     """Why no pool can be placed, naming the field most likely to blame."""
+    refused = [f for f in (fits or {}).values() if not f.placeable]
+    if spec.fit is not None and refused:
+        return Problem(
+            "fit.weightsGiB", "; ".join(f"{f.product}: {f.message}" for f in refused)
+        )
     field = "gpuProducts" if spec.gpu_products is not None else "tensorParallelSize"
     message = f"no schedulable node has {spec.tensor_parallel_size} allocatable nvidia.com/gpu"
     if spec.gpu_products is not None:
@@ -233,6 +283,12 @@ class PoolPlan:
     reason: str
     serve: ServeSettings
     k_mode: str  # "auto" | "fixed" (see mtp_runtime.pool_config)
+    fit: Fit | None = None  # spec.fit's verdict for the product (nodes per replica)
+
+    @property
+    def nodes(self) -> int:
+        """Pods (one per node) of one replica: above 1, a LeaderWorkerSet group."""
+        return self.fit.nodes if self.fit is not None and self.fit.placeable else 1
 
 
 class PlanError(ValueError):
@@ -278,6 +334,7 @@ def plan_pool(
     cluster_profiles: Mapping[str, int] | None = None,
     rollback_k: int | None = None,
     tuned_k: int | None = None,
+    fit: Fit | None = None,
 ) -> PoolPlan:
     """The settings one pool runs with. A K adopted by tuning (one of the spec's candidates)
     replaces the spec's; a rollback pin lowers K, never raising it above what runs now."""
@@ -296,7 +353,7 @@ def plan_pool(
     if serve_problems:
         raise PlanError(serve_problems)
     mode = "fixed" if explicit or source in ("rollback", "tuned") else "auto"
-    return PoolPlan(product, k, source, reason, serve, mode)
+    return PoolPlan(product, k, source, reason, serve, mode, fit=fit)
 
 
 def validate_spec(spec: MTPInferenceSpec) -> list[Problem]:

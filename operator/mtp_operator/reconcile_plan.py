@@ -12,14 +12,26 @@ from datetime import datetime
 from typing import Any
 
 from mtp_operator.api.tuning import PoolTuningStatus
-from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
+from mtp_operator.api.v1alpha1 import (
+    Condition,
+    MTPInferenceSpec,
+    MTPInferenceStatus,
+    PoolStatus,
+    ProductFit,
+)
 from mtp_operator.conditions import (
+    MODEL_FITS,
     PROGRESSING,
+    REASON_ALL_PRODUCTS_FIT,
     REASON_INVALID_SPEC,
     REASON_NO_FITTING_NODES,
+    REASON_PRODUCTS_DO_NOT_FIT,
     RECONCILING,
+    Want,
+    merge,
 )
 from mtp_operator.drift import DRIFT_ANNOTATIONS, annotations_read
+from mtp_operator.fit import Fit, summary
 from mtp_operator.naming import ANNOTATION_GPU_PRODUCT
 from mtp_operator.planning import (
     RETAINED_PRODUCT_GONE,
@@ -32,10 +44,17 @@ from mtp_operator.planning import (
     no_fit_problem,
     plan_pool,
     pool_fates,
+    product_fits,
 )
 from mtp_operator.rollback.state import RollbackView, pool_rollback_state
 from mtp_operator.settings import DEFAULT_POOL_REMOVAL_GRACE_SECONDS
-from mtp_operator.status import ObservedPool, StatusInput, build_status, to_wire
+from mtp_operator.status import (
+    ObservedPool,
+    StatusInput,
+    build_status,
+    short_product,
+    to_wire,
+)
 from mtp_operator.timestamps import format_time, parse_time
 from mtp_operator.tuning.state import canary_plans, carried, planned_k
 from mtp_runtime.problems import Problem
@@ -54,6 +73,7 @@ class PassPlan:
     fates: list[PoolFate] = field(default_factory=list)
     tuning: Mapping[str, PoolTuningStatus] = field(default_factory=dict)  # kept, by product
     canaries: Mapping[str, PoolPlan] = field(default_factory=dict)  # tuning canary replicas
+    fits: Mapping[str, Fit] = field(default_factory=dict)  # spec.fit's verdicts, by product
 
 
 @dataclass(frozen=True)
@@ -87,8 +107,10 @@ def plan_pass(
     fates: list[PoolFate] = []
     tuning = carried(previous, spec, metadata.get("generation"))  # measured K (tuning/)
     canaries: dict[str, PoolPlan] = {}
+    fits: dict[str, Fit] = {}
     if spec is not None and not blocking:
         nodes = NodeInventory.of(nodes)
+        fits = product_fits(spec, nodes) if spec.fit is not None else {}
         products = fitting_products(spec, nodes)
         fates = pool_fates(
             spec, nodes, existing, products, gone_since(previous), now, grace_seconds
@@ -96,17 +118,18 @@ def plan_pass(
         if not products and not any(f.action == "retain" for f in fates):
             # Keep what serves now (a bad edit must not tear pools down); say why. Pools of
             # products no node carries any more still go after their grace period.
-            blocking, reason = [no_fit_problem(spec)], REASON_NO_FITTING_NODES
+            blocking, reason = [no_fit_problem(spec, fits)], REASON_NO_FITTING_NODES
             fates = [f for f in fates if f.reason == RETAINED_PRODUCT_GONE]
         try:
             plans = [
-                plan_pool(spec, p, gpu_profiles, rollback.k_for(p), planned_k(tuning.get(p)))
+                plan_pool(spec, p, gpu_profiles, rollback.k_for(p), planned_k(tuning.get(p)),
+                          fits.get(p))
                 for p in products
             ]
             canaries = canary_plans(spec, plans, tuning, rollback.k_for, gpu_profiles)
         except PlanError as err:
             blocking = list(err.problems)
-    return PassPlan(spec, plans, blocking, reason, rollback, fates, tuning, canaries)
+    return PassPlan(spec, plans, blocking, reason, rollback, fates, tuning, canaries, fits)
 
 
 def gone_since(status: MTPInferenceStatus) -> dict[str, datetime]:
@@ -120,6 +143,71 @@ def gone_since(status: MTPInferenceStatus) -> dict[str, datetime]:
 
 
 def pass_status(
+    name: str,
+    generation: int | None,
+    plan: PassPlan,
+    previous: MTPInferenceStatus,
+    observed: Mapping[str, ObservedPool],
+    applied: Applied,
+    now: datetime,
+) -> MTPInferenceStatus:
+    """The status after a pass: the pools as planned and observed, or the problems; with
+    spec.fit, each product's fit (status.fit, fitSummary, condition ModelFits)."""
+    status = _pass_status(name, generation, plan, previous, observed, applied, now)
+    return with_fit(status, plan, generation, now)
+
+
+def with_fit(
+    status: MTPInferenceStatus, plan: PassPlan, generation: int | None, now: datetime
+) -> MTPInferenceStatus:
+    """`status` with the pass's fit verdicts. Without spec.fit: fitSummary `not checked`, no
+    fit entries and no ModelFits condition."""
+    if plan.spec is None:
+        return status
+    if plan.spec.fit is None:
+        conditions = [c for c in status.conditions if c.type != MODEL_FITS]
+        return status.model_copy(
+            update={"fit": [], "fit_summary": "not checked", "conditions": conditions}
+        )
+    fits = sorted(plan.fits.values(), key=lambda f: f.product)
+    entries = [
+        ProductFit(
+            gpu_product=f.product,
+            verdict=f.verdict,
+            nodes_per_replica=f.nodes if f.placeable else 0,
+            gpus_per_node=f.gpus_per_node,
+            gpu_memory_mib=f.gpu_memory_mib,
+            message=f.message,
+        )
+        for f in fits
+    ]
+    refused = [f for f in fits if not f.placeable]
+    if refused:
+        want = Want(
+            MODEL_FITS, False, REASON_PRODUCTS_DO_NOT_FIT,
+            "; ".join(f"{f.product}: {f.message}" for f in refused),
+        )
+    else:
+        want = Want(MODEL_FITS, True, REASON_ALL_PRODUCTS_FIT, summary(fits, {}))
+    prev = [c.model_dump(by_alias=True) for c in status.conditions]
+    merged = merge(prev, [want], format_time(now), generation)
+    nodes = {f.product: f.nodes for f in fits if f.placeable}
+    pools = [
+        p.model_copy(update={"nodes_per_replica": nodes[p.gpu_product]})
+        if nodes.get(p.gpu_product, 1) > 1 else p
+        for p in status.pools
+    ]
+    return status.model_copy(
+        update={
+            "pools": pools,
+            "fit": entries,
+            "fit_summary": summary(fits, {f.product: short_product(f.product) for f in fits}),
+            "conditions": [Condition.model_validate(c) for c in merged],
+        }
+    )
+
+
+def _pass_status(
     name: str,
     generation: int | None,
     plan: PassPlan,

@@ -155,6 +155,36 @@ for r in rows:
 '
 }
 
+wait_fit() {   # status.fitSummary for the current generation (spec.fit checked)
+    local i summary observed generation
+    for i in $(seq 300); do
+        read -r summary observed generation < <(kubectl get mtpi "$NAME" -n "$NS" -o \
+            jsonpath='{.status.fitSummary} {.status.observedGeneration} {.metadata.generation}{"\n"}' \
+            2>/dev/null || echo "- - -")
+        [[ -n $summary && $observed == "$generation" ]] && return 0
+        sleep 0.3
+    done
+    echo "$NAME: no fit in status"; kubectl get mtpi -n "$NS" -o yaml; tail -n 30 "$OPLOG"; exit 1
+}
+
+# spec.fit (issue 38): the example declares its weights (652 GiB); each product is checked
+wait_fit
+say "fit: what each GPU product can hold (spec.fit.weightsGiB 652, headroom 0.2, maxNodesPerReplica 2)"
+kubectl get mtpi "$NAME" -n "$NS" -o jsonpath='{range .status.fit[*]}{.gpuProduct}: {.verdict} {.nodesPerReplica} node(s) - {.message}{"\n"}{end}'
+kubectl get mtpi "$NAME" -n "$NS" -o jsonpath='{range .status.conditions[?(@.type=="ModelFits")]}ModelFits={.status} reason={.reason}{"\n"}{end}'
+UID_=$(kubectl get mtpi "$NAME" -n "$NS" -o jsonpath='{.metadata.uid}')
+for i in $(seq 50); do   # the Event follows the status write
+    refused=$(kubectl get events -n "$NS" --field-selector "reason=ProductDoesNotFit,involvedObject.uid=$UID_" \
+        -o jsonpath='{range .items[*]}Event {.type} {.reason}: {.message}{"\n"}{end}')
+    [[ -n $refused ]] && break
+    sleep 0.2
+done
+echo "$refused"
+# The rest of the demo runs the real engine on the L40S pool with the tiny model, which fits
+# anywhere: drop spec.fit (the L40S refusal above is DeepSeek-V3's) and go on as before.
+say "drop spec.fit: the demo's real L40S pool serves the tiny model, not DeepSeek-V3"
+kubectl patch mtpi "$NAME" -n "$NS" --type=json -p '[{"op":"remove","path":"/spec/fit"}]' >/dev/null
+
 wait_ready
 say "kubectl get mtpi -n $NS"
 kubectl get mtpi -n "$NS"

@@ -102,6 +102,10 @@ class FakeKube:
         key = (obj["kind"], meta.get("namespace", ""), meta["name"])
         self.calls.append(("apply", meta["name"]))
         old = self.objects.get(key)
+        if obj["kind"] == "Pod" and old is not None and old.get("spec") != obj.get("spec"):
+            # as the API server answers: a pod's spec cannot be changed (but for a few fields)
+            raise api_error(422, f"Pod \"{meta['name']}\" is invalid: spec: Forbidden: pod "
+                                 "updates may not change fields other than ...")
         stored = copy.deepcopy(dict(obj))
         generation = (old or {}).get("metadata", {}).get("generation", 0)
         if old is None or old.get("spec") != stored.get("spec"):
@@ -184,6 +188,7 @@ class FakeView:
     services: set[Key] = field(default_factory=set)
     pods: dict[tuple[Key, str], dict[str, str]] = field(default_factory=dict)
     claims: set[tuple[str, str]] = field(default_factory=set)  # (namespace, name)
+    canaries: dict[Key, dict[str, dict[str, Any]]] = field(default_factory=dict)
     listed: bool = True
 
     @property
@@ -213,6 +218,9 @@ class FakeView:
     def has_service(self, key: Key) -> bool:
         return key in self.services
 
+    def canary_pods(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
+        return dict(self.canaries.get(key, {}))
+
     def has_claim(self, namespace: str, name: str) -> bool:
         return (namespace, name) in self.claims
 
@@ -227,13 +235,15 @@ class FakeView:
                 body["metadata"]["resourceVersion"] = str(kube.rv)
         self.deployments = {}
         self.services = set()
-        for (kind, namespace, _), obj in kube.objects.items():
+        self.canaries = {}
+        for (kind, namespace, name), obj in kube.objects.items():
             owner = obj["metadata"]["ownerReferences"][0]["name"]
             key = (namespace, owner)
             if kind == "Service":
                 self.services.add(key)
                 continue
             if kind == "Pod":  # a tuning canary: its pod IP goes into `pods` by the test
+                self.canaries.setdefault(key, {})[name] = copy.deepcopy(obj["metadata"])
                 continue
             want = obj["spec"].get("replicas", 1)
             obj["status"] = {

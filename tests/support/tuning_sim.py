@@ -67,6 +67,7 @@ def drive(
     t0=None,
     switch_at: int | None = None,
     then: SimPool | None = None,
+    prior=None,
 ):
     """Run the tuner's decision on a simulated pool, one observation window at a time.
 
@@ -95,7 +96,7 @@ def drive(
             table.append(measure(sim.window(trial.k, start, span, 1, noise(i))))
         else:
             table.append(measure(sim.window(trial.k, start, span, replicas, noise(i))))
-        d = decide(policy, k, trial, history, table, Guard(), now, replicas)
+        d = decide(policy, k, trial, history, table, Guard(), now, replicas, prior=prior)
         decisions.append(d)
         if d.action == "start_trial":
             trial = Trial(d.trial_k, k, now, d.trial_kind)

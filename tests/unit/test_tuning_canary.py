@@ -35,9 +35,8 @@ def test_canary_plan_only_for_a_canary_trial_with_two_or_more_replicas():
     assert canary_plans(s, plans, tuning("pool"), lambda p: None, {}) == {}
     assert canary_plans(spec(1), plans, tuning(), lambda p: None, {}) == {}
     assert canary_plans(s, plans, {}, lambda p: None, {}) == {}
-    # a rollback pin caps the canary too
-    (pinned,) = canary_plans(s, plans, tuning(k=3), lambda p: 1, {}).values()
-    assert pinned.k == 1
+    # a rolled-back pool runs no canary: rollback wins over tuning (issue 36)
+    assert canary_plans(s, plans, tuning(k=3), lambda p: 1, {}) == {}
 
 
 def test_canary_pod_and_the_pool_beside_it():

@@ -569,3 +569,52 @@ def test_a_recommended_k_measured_without_a_trial_is_tried_once():
     # an aborted trial of it (an alert) waits a day, as rules a-d do
     aborted = Trial(4, 1, now, "canary", now + timedelta(seconds=SPAN), "aborted", "alert")
     assert decide(pol, 1, None, [adopted, aborted], table, Guard(), later, 2).trial_k != 4
+
+
+# ---- a measured GPU family's step-cost shape as a prior (tuning/priors.py) -----------------
+
+
+def _prior_from(sim, scale=1.0):
+    from mtp_operator.tuning.priors import CostPrior
+
+    # the sim's own line (first principles), in ms per request-step, at the sim's concurrency;
+    # `scale` multiplies it: a prior measured on a faster or slower GPU has the same shape
+    alpha = sim.cost(1) - (sim.cost(2) - sim.cost(1))
+    beta = sim.cost(2) - sim.cost(1)
+    return CostPrior("TEST", "test", ((sim.concurrency, 1e3 * alpha * scale,
+                                       1e3 * beta * scale),))
+
+
+@pytest.mark.parametrize(("sim", "start", "cands"), [(LINEAR, 3, range(5)),
+                                                      (DEEP_WINS, 1, range(5)),
+                                                      (SHALLOW, 3, range(5))])
+@pytest.mark.parametrize("scale", [1.0, 0.5, 3.0])
+def test_a_prior_replaces_the_trial_spent_on_the_fit(sim, start, cands, scale):
+    """Without a prior the first trial after acceptance is known only buys a second K for
+    the step-cost fit; with the family's shape (at any absolute speed) it goes to the K the
+    estimate favours, and the pool reaches the same K in no more trials."""
+    p = policy(cands)
+    ks0, trials0, _ = drive(sim, start, p, 2, windows=25)
+    ks1, trials1, decisions = drive(sim, start, p, 2, windows=25, prior=_prior_from(sim, scale))
+    best = best_k(sim, cands)
+    assert sim.true_tps(ks1[-1]) >= 0.95 * sim.true_tps(best), (ks1, trials1)
+    assert len(trials1) <= len(trials0), (trials0, trials1)
+    first = next(d for d in decisions if d.action == "start_trial" or d.fit is not None)
+    assert first.fit is not None and first.fit.prior is not None
+    if best < start and sim.true_tps(best) >= 1.06 * sim.true_tps(start):
+        # below the running K the counters give τ exactly and the prior the cost: the first
+        # trial is the best K itself, chosen on the estimate, not as the fit's second K
+        assert trials1[0] == best, (trials1, best)
+        started = next(d for d in decisions if d.action == "start_trial")
+        assert "estimated" in started.reason and "shape measured on TEST" in started.reason
+
+
+def test_a_wrong_prior_costs_trials_never_a_wrong_k():
+    """A prior that says drafting is free makes the tuner try the deepest K first; the K is
+    adopted only from its own windows, so the pool still ends at the true best."""
+    from mtp_operator.tuning.priors import CostPrior
+
+    free = CostPrior("TEST", "wrong on purpose", ((SHALLOW.concurrency, 10.0, 0.0),))
+    ks, trials, _ = drive(SHALLOW, 3, policy(range(5)), 2, windows=25, prior=free)
+    best = best_k(SHALLOW, range(5))
+    assert SHALLOW.true_tps(ks[-1]) >= 0.95 * SHALLOW.true_tps(best), (ks, trials)

@@ -284,6 +284,39 @@ HOST_PATH_CEL = [
 ]
 
 
+DEFAULT_FIT_HEADROOM = 0.2
+DEFAULT_MAX_NODES_PER_REPLICA = 4
+MAX_WEIGHTS_GIB = 1_000_000
+
+
+class FitSpec(_Model):
+    """How much GPU memory the model needs, so each GPU product is checked before it gets a
+    pool: fits in one node, needs a group of nodes (LeaderWorkerSet), or gets no pool."""
+
+    weights_gib: float = Field(
+        ...,
+        alias="weightsGiB",
+        gt=0,
+        le=MAX_WEIGHTS_GIB,
+        description="GiB (2^30 bytes) the model's weights take in GPU memory, over all GPUs "
+        "of a replica (e.g. DeepSeek-V3 FP8: ~652 GiB; a 27B model in BF16: ~51 GiB).",
+    )
+    headroom: float = Field(
+        DEFAULT_FIT_HEADROOM,
+        ge=0,
+        le=0.9,
+        description="Share of each GPU's memory kept free of weights for the KV cache and "
+        "activations: weights may fill at most (1 - headroom) of it.",
+    )
+    max_nodes_per_replica: int = Field(
+        DEFAULT_MAX_NODES_PER_REPLICA,
+        ge=1,
+        le=64,
+        description="The most nodes one replica may span; a product that would need more "
+        "gets no pool.",
+    )
+
+
 _CEL_SPEC = [
     {
         "rule": "!has(self.speculative) || !has(self.speculative.maxSpeculativeTokens) || "
@@ -364,8 +397,14 @@ class MTPInferenceSpec(_Model):
         description="Where the pools keep the model's weights across restarts; default from "
         "the operator's settings (`modelCache.default`), else none.",
     )
+    fit: FitSpec | None = Field(
+        None,
+        description="The model's GPU memory: each GPU product is checked against it (one "
+        "node, a group of nodes, or no pool); unset: not checked, one node per replica.",
+    )
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)  # type: ignore[arg-type]
     rollback: RollbackSpec = Field(default_factory=RollbackSpec)  # type: ignore[arg-type]
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)  # type: ignore[arg-type]
 
 
 # ---- status -------------------------------------------------------------------------------
@@ -404,7 +443,6 @@ class PoolStatus(_Model):
     last_alert_time: str | None = None
     retained: str | None = Field(
         None,
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec)  # type: ignore[arg-type]
         description="Why this pool is kept as it runs although no node fits it now: "
         "`NoSchedulableNode` (cordoned, NotReady, drained) or `ProductGone` (no node carries "
         "the product; removed after the operator's poolRemovalGraceSeconds).",
@@ -415,6 +453,23 @@ class PoolStatus(_Model):
     tuning: PoolTuningStatus | None = Field(
         None, description="Measured K (spec.speculative.tuning)."
     )
+    nodes_per_replica: int | None = Field(
+        None, description="Nodes one replica spans (a LeaderWorkerSet group when above 1)."
+    )
+
+
+FitVerdict = Literal["OneNode", "MultiNode", "DoesNotFit", "NotChecked"]
+
+
+class ProductFit(_Model):
+    """The fit check of one GPU product (spec.fit)."""
+
+    gpu_product: str
+    verdict: FitVerdict
+    nodes_per_replica: int = 0
+    gpus_per_node: int = 0
+    gpu_memory_mib: int | None = None
+    message: str = ""
 
 
 class RollbackRecord(_Model):
@@ -442,6 +497,14 @@ class MTPInferenceStatus(_Model):
     ready: str | None = Field(None, description="Ready replicas over desired, over all pools.")
     rollback_reset_token: str | None = Field(
         None, description="The last `mtp-operator.io/reset-rollback` annotation value acted on."
+    )
+    fit: list[ProductFit] = Field(
+        default_factory=list, description="Per GPU product: does the model fit (spec.fit)."
+    )
+    fit_summary: str | None = Field(
+        None,
+        description="Nodes per replica by product (`H200:1 H100:2 L40S:no`), or `not checked` "
+        "without spec.fit.",
     )
     removed_pools: list[str] = Field(
         default_factory=list, description="GPU products whose pools were removed, most recent last."

@@ -19,6 +19,7 @@ from mtp_operator.adapters.kube import compact, slim
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from mtp_operator.control.reconciler import Key, Reconciler, product_of
 from mtp_operator.naming import (
+    LABEL_CANARY,
     LABEL_GPU_PRODUCT,
     LABEL_MANAGED_BY,
     LABEL_RESOURCE,
@@ -112,6 +113,7 @@ class KopfView:
         self.deployments: Any = None
         self.services: Any = None
         self.pods: Any = None
+        self.canaries: Any = None
         self.claims: Any = None
 
     @property
@@ -131,6 +133,7 @@ class KopfView:
             self.deployments = kwargs["pool_deployment_index"]
             self.services = kwargs["service_index"]
             self.pods = kwargs["pool_pod_index"]
+            self.canaries = kwargs["canary_pod_index"]
             self.claims = kwargs["claim_index"]
 
     def resource(self, key: Key) -> Mapping[str, Any] | None:
@@ -159,6 +162,10 @@ class KopfView:
 
     def has_service(self, key: Key) -> bool:
         return bool(list(self.services.get(key, ())))
+
+    def canary_pods(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
+        """The resource's tuning canary pods (Running): {pod name: its metadata}."""
+        return {meta.get("name", ""): meta for meta in self.canaries.get(key, ())}
 
     def has_claim(self, namespace: str, name: str) -> bool:
         """A PersistentVolumeClaim exists (spec.modelCache.persistentVolumeClaim)."""
@@ -198,6 +205,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
     @kopf.index(*POD_KIND, labels=OWNED, id="pool_pod_index", registry=registry)
     async def pool_pod_index(body: kopf.Body, **_: Any) -> dict:
         return pod_index_entry(body)
+
+    # tuning canaries by their resource, Ready or not: a pass deletes one no live trial names
+    # and makes again one that went away (control/pool_writes.py, issue 36)
+    @kopf.index(*POD_KIND, labels={**OWNED, LABEL_CANARY: "true"}, id="canary_pod_index",
+                registry=registry)
+    async def canary_pod_index(body: kopf.Body, **_: Any) -> dict:
+        key = owner_key(body)
+        return {key: dict(body.get("metadata") or {})} if key else {}
 
     @kopf.index("v1", "persistentvolumeclaims", id="claim_index", registry=registry)
     async def claim_index(namespace: str, name: str, **_: Any) -> dict:

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lightkube import ApiError
@@ -26,6 +27,7 @@ from mtp_operator.events import (
     REASON_POOL_REMOVED,
     REASON_POOL_RETAINED,
     REASON_POOL_UPDATED,
+    REASON_TUNING_CANARY_DELETED,
     manual_change_reverted,
     pool_created,
     pool_messages,
@@ -36,9 +38,10 @@ from mtp_operator.events import (
 from mtp_operator.model_cache import effective
 from mtp_operator.naming import ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import PoolPlan
-from mtp_operator.reconcile_plan import Applied, PassPlan, resource_version
+from mtp_operator.reconcile_plan import Applied, PassPlan, product_of, resource_version
 from mtp_operator.status import observe_deployment, retained_entry
 from mtp_operator.timestamps import format_time
+from mtp_operator.tuning.state import canary_unwanted
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -52,6 +55,24 @@ log = logging.getLogger(__name__)
 # means someone deleted it) or, should the watch never show it, this many seconds. Under a
 # large rollout the watch can take over a minute to deliver it.
 SERVICE_WATCH_GRACE = 300.0
+# A canary pod this operator made stands in for the watch's copy until the watch shows it
+# (Running) or, should it not, this many seconds: then it is applied again (no change if it
+# is there, made again if it was deleted before it ran). A canary it deleted is not deleted
+# again for as long, while the watch may still show it.
+CANARY_WATCH_GRACE = 120.0
+
+
+@dataclass
+class CanaryMemo:
+    """A canary pod as the reconciler knows it (slot.canaries, by pod name)."""
+
+    product: str | None
+    settings_hash: str | None
+    applied_at: float  # monotonic: when made, or first shown by the watch
+    seen: bool = False  # the watch has shown it
+    deleted_at: float | None = None  # monotonic: when this operator deleted it
+
+
 # At most this many Deployment and Service writes of ordinary passes in flight at once. A
 # rollout of N resources asks for 5N writes within seconds; sent at once, each held its
 # request and response objects (lightkube's model, the JSON both ways: ~40 KB) until the API
@@ -172,19 +193,72 @@ class PoolWrites:
         return out
 
     async def _apply_canaries(self, key: Key, body: Mapping[str, Any], plan: PassPlan) -> None:
-        """Create each tuning canary pod once (the tuner deletes it when its trial ends)."""
+        """A canary exists only while a live trial names it (issue 36). The canary pods the
+        watch shows (Running ones) and the ones this operator made and the watch has not
+        shown yet are compared with the plan's, by name and pod template (settings hash):
+        one the plan does not want is deleted, with an Event saying why; one whose template
+        changed is deleted too (a pod's spec cannot be changed: a patch is a 422) and made
+        again from the new template once the watch shows it gone; a wanted one is made when
+        missing: never made yet, deleted by hand (the watch showed it, and does no more),
+        or made CANARY_WATCH_GRACE ago and still not shown (applying it again changes
+        nothing if it is there)."""
         slot = self.slot(key)
-        assert plan.spec is not None
+        spec = plan.spec
+        assert spec is not None
         uid = (body.get("metadata") or {}).get("uid", "")
+        wanted: dict[str, tuple[str, dict[str, Any]]] = {}  # pod name → (product, pod)
         for product, cplan in plan.canaries.items():
-            pod = builders.canary_pod(key[1], key[0], uid, plan.spec, cplan,
+            pod = builders.canary_pod(key[1], key[0], uid, spec, cplan,
                                       self.settings.default_image, self.settings.gpu_profiles,
-                                      effective(plan.spec, self.settings.model_cache))
-            if slot.canaries.get(product) != pod["metadata"]["name"]:
-                await self.kube.apply(pod)
-                slot.canaries[product] = pod["metadata"]["name"]
-        for product in [p for p in slot.canaries if p not in plan.canaries]:
-            del slot.canaries[product]
+                                      effective(spec, self.settings.model_cache))
+            wanted[pod["metadata"]["name"]] = (product, pod)
+        now = time.monotonic()
+        memo: dict[str, CanaryMemo] = slot.canaries
+        shown = {
+            name: meta for name, meta in self.view.canary_pods(key).items()
+            if not meta.get("deletionTimestamp")  # already going: neither kept nor deleted
+        }
+        for name, meta in shown.items():
+            annotations = meta.get("annotations") or {}
+            known = memo.get(name)
+            if known is None or known.settings_hash != annotations.get(ANNOTATION_SETTINGS_HASH):
+                memo[name] = CanaryMemo(product_of({"metadata": meta}),  # its pool key
+                                        annotations.get(ANNOTATION_SETTINGS_HASH), now)
+            memo[name].seen = True
+        for name in list(memo):
+            known = memo[name]
+            if name not in shown and known.seen:
+                del memo[name]  # it went away (deleted by hand, or ended): made again below
+                continue
+            if known.deleted_at is not None:
+                if now - known.deleted_at < CANARY_WATCH_GRACE:
+                    continue  # our delete is under way
+                known.deleted_at = None
+            want = wanted.get(name)
+            if want is None:
+                pinned = (known.product is not None
+                          and plan.rollback.k_for(known.product) is not None)
+                why = canary_unwanted(spec, plan.tuning, known.product, pinned)
+            elif known.settings_hash != want[1]["metadata"]["annotations"].get(
+                    ANNOTATION_SETTINGS_HASH):
+                why = ("its pod template changed and a pod's spec cannot be changed: made "
+                       "again from the new template once gone")
+            else:
+                continue
+            await self.kube.delete_pod(key[0], name)
+            known.deleted_at = now
+            await self.kube.event(
+                body, REASON_TUNING_CANARY_DELETED,
+                f"pool {known.product or '?'}: canary pod {name} deleted: {why}", "Normal",
+            )
+        for name, (product, pod) in wanted.items():
+            known = memo.get(name)
+            if known is not None and (known.seen or known.deleted_at is not None
+                                      or now - known.applied_at < CANARY_WATCH_GRACE):
+                continue
+            await self.kube.apply(pod)
+            memo[name] = CanaryMemo(product, pod["metadata"]["annotations"][
+                ANNOTATION_SETTINGS_HASH], now)
 
     async def _write_pool(
         self,

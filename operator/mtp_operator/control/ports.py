@@ -69,6 +69,11 @@ class ClusterView(Protocol):
 
     def has_service(self, key: Key) -> bool: ...
 
+    def canary_pods(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
+        """The resource's tuning canary pods the watch shows (Running ones): {pod name: its
+        metadata (labels, annotations, deletionTimestamp)}."""
+        ...
+
     def has_claim(self, namespace: str, name: str) -> bool:
         """A PersistentVolumeClaim exists (a model cache's, spec.modelCache)."""
         ...

@@ -26,6 +26,7 @@ from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.control.pool_writes import BULK_WRITES_IN_FLIGHT, PoolWrites
 from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
 from mtp_operator.drift import annotations_read
+from mtp_operator.events import REASON_PRODUCT_DOES_NOT_FIT, fit_refusals
 from mtp_operator.model_cache import cache_problems, effective
 from mtp_operator.planning import NodeInventory, PoolPlan
 from mtp_operator.reconcile_plan import (
@@ -75,7 +76,7 @@ class _Slot:
     spec_memo: tuple[str, Any, Any] | None = None  # (spec as JSON, spec, problems)
     desired_memo: builders.DesiredSet | None = None  # the objects, rendered when needed
     last_error: str | None = None  # the last unexpected error (its traceback is logged once)
-    canaries: dict[str, str] = field(default_factory=dict)  # GPU product → canary pod applied
+    canaries: dict[str, Any] = field(default_factory=dict)  # pod name → pool_writes.CanaryMemo
     # per GPU product, the pool Deployment the last pass saw: (resourceVersion, pool_inputs).
     # A watch event with the same version, or the same inputs, brings nothing new (at
     # start-up every pool's ADDED event would be a pass each)
@@ -433,6 +434,8 @@ class Reconciler(PoolWrites):
             await self.kube.event(
                 body, plan.problem_reason, problems_text(plan.problems), "Warning"
             )
+        for message in fit_refusals(persisted, status):  # spec.fit: a product gets no pool
+            await self.kube.event(body, REASON_PRODUCT_DOES_NOT_FIT, message, "Warning")
         await self._write_status(key, persisted, status)
         if applied.error:
             # the caller retries (reconcile_or_retry): the API server may be briefly away

@@ -173,7 +173,14 @@ class Tuner:
         async with slot.lock:
             # one reconcile pass folds the entry into status (the one status writer), plans
             # the pool with it (tuned K, whole-pool trial, canary) and writes once
-            await self.reconciler.reconcile_locked(key, tuning={product: entry})
+            try:
+                await self.reconciler.reconcile_locked(key, tuning={product: entry})
+            except Exception as err:  # this resource's failure is its own:
+                # the round goes on for the others (issue 36); the pass's status says it too
+                log.warning("tuning %s/%s pool %s: %s", key[0], key[1], product, err)
+                await self.kube.event(body, "TuningFailed", f"pool {product}: tuning's write "
+                                      f"failed: {err}; retried next window", "Warning")
+                return
             for reason, message, type_ in events:
                 await self.kube.event(body, reason, message, type_)
             if ended_canary is not None:  # the pool has its replica back: drop the canary

@@ -62,6 +62,7 @@ from typing import Literal
 from mtp_operator.api.tuning import DEFAULT_REVISIT_SECONDS, DEFAULT_TRIAL_WINDOWS
 
 from .estimator import CostFit, Estimate, Measurement, comparable, estimates
+from .priors import CostPrior, prior_fit
 
 Mode = Literal["Off", "Recommend", "Auto"]
 TrialKind = Literal["canary", "pool"]
@@ -224,7 +225,7 @@ def untried_recommendation(
 
 def next_trial(
     table: Sequence[Measurement], candidates: Sequence[int], ests: Sequence[Estimate],
-    min_gain: float, skip: frozenset[int] = frozenset(),
+    min_gain: float, skip: frozenset[int] = frozenset(), fit: CostFit | None = None,
 ) -> tuple[int | None, str]:
     """Rule 5's choice among the candidates without a comparable measurement (and not in
     `skip`: K whose trial was aborted in the last 24 h)."""
@@ -237,10 +238,6 @@ def next_trial(
     if not measured1 and deep:
         return max(deep), "no acceptance measured yet: the deepest candidate's counters give " \
             "every smaller K's tokens per step"
-    if len(measured1) < 2 and deep:
-        ref = measured1[0]
-        k = max(deep, key=lambda x: (abs(x - ref), -x))
-        return k, f"a second K >= 1 for the step-cost fit (measured: K={ref})"
     best_measured = max(
         (e.output_tps for e in ests if e.adoptable and e.output_tps is not None), default=None
     )
@@ -249,10 +246,15 @@ def next_trial(
         if e.k in untried and e.output_tps is not None and best_measured is not None
         and e.output_tps >= best_measured * (1 + min_gain)
     ]
-    if tried_better:
+    if tried_better:  # with one K >= 1 measured, only a prior's fit gives such estimates
         e = max(tried_better, key=lambda e: e.output_tps or 0.0)
         gain = (e.output_tps or 0.0) / (best_measured or 1.0) - 1
-        return e.k, f"estimated {_pct(gain)} over the best measured K ({e.basis})"
+        via = f"; {fit.prior}" if fit is not None and fit.prior else ""
+        return e.k, f"estimated {_pct(gain)} over the best measured K ({e.basis}{via})"
+    if len(measured1) < 2 and deep:
+        ref = measured1[0]
+        k = max(deep, key=lambda x: (abs(x - ref), -x))
+        return k, f"a second K >= 1 for the step-cost fit (measured: K={ref})"
     if 0 in untried:
         return 0, "K=0 (no drafter) is only ever measured, never estimated"
     return None, "no untried candidate is estimated to beat the best measured K by minGain"
@@ -370,6 +372,7 @@ def decide(
     guard: Guard,
     now: datetime,
     replicas: int,
+    prior: CostPrior | None = None,
 ) -> Decision:
     """The next step for one pool (module doc). `running_k`: the incumbent K (outside a trial
     the pool's K; in a trial the K the trial returns to)."""
@@ -390,7 +393,8 @@ def decide(
     comp = seen_at_k0([m for m in table if comparable(m, current)], current,
                       policy.revisit_seconds)
     cands = tuple(sorted(set(policy.candidates) | {running_k}))
-    ests, fit = estimates(comp, cands)
+    ests, fit = estimates(comp, cands,
+                          (lambda ms: prior_fit(prior, ms)) if prior is not None else None)
     rec, why = recommend(ests, running_k, policy.min_gain)
     lost = (refused_by_trial(history, rec, running_k, min(m.start for m in comp))
             if rec is not None and rec != running_k and comp else None)
@@ -421,7 +425,7 @@ def decide(
     aborted = frozenset(t.k for t in recent if t.outcome == "aborted")
     k, reason = untried_recommendation(history, comp, rec, running_k, aborted)
     if k is None:
-        k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain, aborted)
+        k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain, aborted, fit)
     if k is None or k == running_k:
         return _with(base, f"{why}; {reason}")
     kind: TrialKind = "canary" if replicas >= 2 else "pool"

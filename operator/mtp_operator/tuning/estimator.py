@@ -33,7 +33,7 @@ falling by the last measured ratio) and serve only to pick a trial, never to ado
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from mtp_runtime.spec_decode import SpecCounters
@@ -140,6 +140,7 @@ class CostFit:
     points: int
     ks: tuple[int, ...]
     rmse: float  # root mean square residual, seconds per request-step
+    prior: str | None = None  # a prior's shape scaled to one K's windows (tuning/priors.py)
 
     def seconds(self, k: int) -> float:
         return self.alpha + self.beta * k
@@ -156,6 +157,8 @@ class CostFit:
         if self.alpha_se is not None and self.beta_se is not None:
             text += f" (+/- {self.alpha_se * ms:.2g}, {self.beta_se * ms:.2g})"
         ks = ",".join(str(k) for k in self.ks)
+        if self.prior:
+            return f"{text} per request-step, {self.prior}, scaled to {self.points} windows at K={ks}"
         return f"{text} per request-step, {self.points} windows at K={ks}"
 
 
@@ -296,13 +299,18 @@ def _tau_or_none(measurements: Sequence[Measurement], k: int) -> float | None:
 
 
 def estimates(
-    measurements: Sequence[Measurement], candidates: Iterable[int]
+    measurements: Sequence[Measurement], candidates: Iterable[int],
+    prior_fit: Callable[[Sequence[Measurement]], CostFit | None] | None = None,
 ) -> tuple[list[Estimate], CostFit | None]:
     """An estimate for every candidate K, and the step-cost fit they used.
 
-    `measurements` must be comparable (same traffic and concurrency: `comparable()`).
+    `measurements` must be comparable (same traffic and concurrency: `comparable()`). Without
+    windows at two K >= 1, `prior_fit` (a measured GPU family's shape, tuning/priors.py) may
+    give the fit.
     """
     fit = fit_step_cost(measurements)
+    if fit is None and prior_fit is not None:
+        fit = prior_fit(measurements)
     return [estimate(measurements, k, fit) for k in sorted(set(candidates))], fit
 
 

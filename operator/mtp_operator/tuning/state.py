@@ -96,8 +96,8 @@ def canary_plans(
         return out
     for plan in plans:
         k = canary_k(tuning.get(plan.gpu_product))
-        if k is None or k == plan.k:
-            continue
+        if k is None or k == plan.k or rollback_k(plan.gpu_product) is not None:
+            continue  # a rolled-back pool runs no canary: rollback wins over tuning
         try:
             out[plan.gpu_product] = plan_pool(
                 spec, plan.gpu_product, cluster_profiles, rollback_k(plan.gpu_product), k
@@ -105,6 +105,32 @@ def canary_plans(
         except PlanError:
             continue
     return out
+
+
+def canary_unwanted(
+    spec: MTPInferenceSpec,
+    tuning: Mapping[str, PoolTuningStatus],
+    product: str | None,
+    pinned: bool,
+) -> str:
+    """Why a pass wants no canary for the pool of `product` (None: a canary pod that names
+    no pool), for the Event that says its pod was deleted: a canary exists only while a
+    live trial names it (issue 36)."""
+    if product is None:
+        return "it names no pool"
+    if spec.speculative.tuning.mode == "Off":
+        return "tuning is Off"
+    if spec.replicas < 2:
+        return f"replicas {spec.replicas}: a canary runs only beside 2 or more"
+    if pinned:
+        return "the pool is rolled back: rollback wins over tuning"
+    entry = tuning.get(product)
+    if entry is None:
+        return ("no trial of this spec generation names it (the spec changed: a new "
+                "generation ends a trial)")
+    if entry.trial is None or entry.trial.kind != "canary":
+        return "no live trial names it"
+    return f"its trial's K={entry.trial.k} is not one this pool runs as a canary now"
 
 
 def guard_from(pool: PoolStatus, cooldown_seconds: float, now: datetime,
