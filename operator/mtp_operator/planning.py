@@ -9,6 +9,7 @@ removed only when the spec excludes it or no node carries the product for a grac
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -349,6 +350,10 @@ def plan_pool(
     if rollback_k is not None and rollback_k < k:
         k, source, reason = rollback_k, "rollback", f"rolled back from K={k}"
     serve = serve_settings(spec, k)
+    if fit is not None and fit.placeable and fit.nodes > 1:  # a LeaderWorkerSet group
+        serve = dataclasses.replace(
+            serve, pipeline_parallel_size=fit.pipeline_parallel_size, nnodes=fit.nodes
+        )
     serve_problems = problems(serve)
     if serve_problems:
         raise PlanError(serve_problems)

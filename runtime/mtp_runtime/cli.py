@@ -41,7 +41,16 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mtp_runtime import __version__, drain, drain_state, engine, exposition, figures, gpu_detect
+from mtp_runtime import (
+    __version__,
+    drain,
+    drain_state,
+    engine,
+    exposition,
+    figures,
+    gpu_detect,
+    multinode,
+)
 from mtp_runtime.exporter import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PORT,
@@ -214,6 +223,10 @@ def _engine_launch(
         raise CLIError(EXIT_CONFIG, "engine_setup_error", str(exc)) from exc
     argv = engine.with_draft_attention_backend(vllm_binary_override(launch.argv), os.environ)
     argv += extra_args
+    try:  # one pod of a multi-node replica: its rank and the leader's address (LWS)
+        argv += multinode.group_args(multinode.group_role(os.environ, launch.settings.nnodes))
+    except multinode.GroupError as exc:
+        raise CLIError(EXIT_CONFIG, "group_unusable", f"cannot start vLLM: {exc}") from exc
     if engine.flag_value(argv, "--shutdown-timeout") is None:
         # vLLM's own drain after ours: requests that raced in are finished, not aborted
         argv += ["--shutdown-timeout", str(drain.VLLM_SHUTDOWN_TIMEOUT_S)]

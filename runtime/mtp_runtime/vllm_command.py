@@ -158,6 +158,10 @@ class ServeSettings:
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     # vLLM's num_speculative_tokens_per_batch_size: (first batch size, last, K) ranges
     batch_size_schedule: tuple[tuple[int, int, int], ...] = field(default_factory=tuple)
+    # a replica over several nodes (spec.fit, a LeaderWorkerSet group): pipeline stages and
+    # pods; each pod's rank and the leader's address come from LWS at start (multinode.py)
+    pipeline_parallel_size: int = 1
+    nnodes: int = 1
 
     def __post_init__(self) -> None:  # JSON gives lists; the settings stay hashable
         schedule = tuple(tuple(int(x) for x in entry) for entry in self.batch_size_schedule)
@@ -167,6 +171,9 @@ class ServeSettings:
         data = asdict(self)
         if not data["batch_size_schedule"]:  # absent unless set: older settings hash the same
             del data["batch_size_schedule"]
+        for name in ("pipeline_parallel_size", "nnodes"):  # likewise: 1 is absent
+            if data[name] == 1:
+                del data[name]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -214,6 +221,11 @@ def problems(s: ServeSettings) -> list[Problem]:
     found += schedule_problems(s.batch_size_schedule, s.mtp_layers)
     if s.tensor_parallel_size < 1:
         found.append(Problem("tensorParallelSize", "must be at least 1"))
+    if s.pipeline_parallel_size < 1 or s.nnodes < 1:
+        found.append(Problem("fit", "pipeline stages and nodes per replica must be at least 1"))
+    elif (s.tensor_parallel_size * s.pipeline_parallel_size) % s.nnodes:
+        found.append(Problem("fit", f"{s.nnodes} nodes do not split tensor x pipeline "
+                             f"{s.tensor_parallel_size} x {s.pipeline_parallel_size} GPUs evenly"))
     if s.model_source not in MODEL_SOURCES:
         found.append(Problem("modelSource", f"must be one of {', '.join(MODEL_SOURCES)}"))
     for i, arg in enumerate(s.extra_args):
@@ -286,6 +298,10 @@ def build_argv(s: ServeSettings) -> list[str]:
     validate(s)
     argv = ["vllm", "serve", s.model, "--port", str(s.port)]
     argv += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
+    if s.pipeline_parallel_size > 1:
+        argv += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
+    if s.nnodes > 1:  # vLLM's multiprocessing backend over nodes; the rank is the pod's
+        argv += ["--nnodes", str(s.nnodes)]
     if s.max_model_len is not None:
         argv += ["--max-model-len", str(s.max_model_len)]
     if s.reasoning_parser:
