@@ -112,6 +112,9 @@ def plan_pass(
         nodes = NodeInventory.of(nodes)
         fits = product_fits(spec, nodes) if spec.fit is not None else {}
         products = fitting_products(spec, nodes)
+        # a replica over several nodes needs a LeaderWorkerSet pool, not wired into the
+        # apply step yet (lws.py builds it): no Deployment that could never start
+        products = [p for p in products if p not in fits or fits[p].nodes == 1]
         fates = pool_fates(
             spec, nodes, existing, products, gone_since(previous), now, grace_seconds
         )
@@ -157,6 +160,9 @@ def pass_status(
     return with_fit(status, plan, generation, now)
 
 
+MULTI_NODE_NOT_SERVED = "; no pool yet: LeaderWorkerSet pools are not applied by this version"
+
+
 def with_fit(
     status: MTPInferenceStatus, plan: PassPlan, generation: int | None, now: datetime
 ) -> MTPInferenceStatus:
@@ -177,7 +183,7 @@ def with_fit(
             nodes_per_replica=f.nodes if f.placeable else 0,
             gpus_per_node=f.gpus_per_node,
             gpu_memory_mib=f.gpu_memory_mib,
-            message=f.message,
+            message=f.message + (MULTI_NODE_NOT_SERVED if f.verdict == "MultiNode" else ""),
         )
         for f in fits
     ]
