@@ -54,6 +54,9 @@ def _view(deploy: Mapping[str, Any]) -> dict[str, Any]:
     container = _get(deploy, "spec", "template", "spec", "containers", 0)
     settings_hash, command = annotations_read(deploy)
     return {
+        # a pool whose name changed (an upgrade that names it otherwise) is written under
+        # its new name, and the old Deployment deleted (control/pool_writes.py, issue 36)
+        "name": _get(deploy, "metadata", "name"),
         "settings-hash annotation": settings_hash,
         "vllm-command annotation": command,
         "replicas": _get(deploy, "spec", "replicas"),

@@ -209,7 +209,7 @@ def test_a_spec_change_is_drift_of_every_derived_field() -> None:
 def test_an_unrecognisable_object_is_drift() -> None:
     desired = _desired()
     assert "image" in drifted_fields(desired, {"metadata": {}, "spec": {}})
-    assert len(drifted_fields(desired, {})) == 10  # 9 fields and the env
+    assert len(drifted_fields(desired, {})) == 11  # 10 fields (the name among them) and the env
     no_containers = _server_copy(desired)
     no_containers["spec"]["template"]["spec"]["containers"] = []
     assert {"image", "command", "runtime config", "GPU limit"} <= set(

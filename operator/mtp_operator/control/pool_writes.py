@@ -334,9 +334,33 @@ class PoolWrites:
         for (reason, type_), messages in by_reason.items():
             for message in pool_messages(messages):
                 await self.kube.event(owner, reason, message, type_)
+        await self._drop_renamed(owner, [obj for _pool, (obj, _rv, _ev) in writes], results,
+                                 observed_bodies)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+    async def _drop_renamed(
+        self,
+        owner: Mapping[str, Any],
+        written: list[Mapping[str, Any]],
+        results: list[Any],
+        observed_bodies: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        """Delete the old Deployment of each pool just written under a new name (issue 36:
+        it would otherwise run beside the new one, for ever, with the same pool's labels)."""
+        meta = owner.get("metadata") or {}
+        for obj, result in zip(written, results, strict=True):
+            if isinstance(result, BaseException):
+                continue
+            old = observed_bodies.get(product_of(obj) or "")
+            old_name = ((old or {}).get("metadata") or {}).get("name")
+            if old_name and old_name != obj["metadata"]["name"]:
+                await self.kube.delete_deployment(meta.get("namespace", ""), old_name)
+                await self.kube.event(owner, REASON_POOL_REMOVED, pool_removed(
+                    product_of(obj) or "?",
+                    f"Deployment {old_name} deleted: the pool's name changed to "
+                    f"{obj['metadata']['name']}"))
 
     def _drift(
         self,
@@ -385,6 +409,11 @@ class PoolWrites:
         if not changed:
             return None
         desired = desired_set.objects()[1 + index]
+        old = (observed.get("metadata") or {}).get("name")
+        if "name" in changed and old:  # renamed: made under its new name, the old one deleted
+            message = f"{pool_created(plan, desired['metadata']['name'])} (replaces {old}: the " \
+                      "pool's name changed)"
+            return desired, None, (REASON_POOL_CREATED, message, "Normal")
         ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
         theirs = (observed.get("metadata") or {}).get("annotations", {}).get(
             ANNOTATION_SETTINGS_HASH
