@@ -42,6 +42,29 @@ def _message(msg: str) -> str:
     return msg.removeprefix("Value error, ")
 
 
+def data_parallel_problems(spec: MTPInferenceSpec) -> list[Problem]:
+    """A batch-size schedule where vLLM 0.33 would run data parallelism > 1: vLLM drops
+    num_speculative_tokens_per_batch_size then (`VllmConfig.
+    _maybe_disable_dynamic_sd_for_data_parallel`, config/vllm.py: data-parallel ranks could
+    pick different K and deadlock) and runs the static numSpeculativeTokens. The flags are
+    reserved in extraArgs; VLLM_DP_SIZE in env (ParallelConfig's fallback) is the way left."""
+    if not spec.speculative.batch_size_schedule:
+        return []
+    for i, item in enumerate(spec.env or []):
+        if not isinstance(item, Mapping) or item.get("name") != "VLLM_DP_SIZE":
+            continue
+        try:
+            size = int(str(item.get("value", "1")).strip())
+        except ValueError:
+            continue
+        if size > 1:
+            return [Problem(
+                "speculative.batchSizeSchedule",
+                f"vLLM 0.33 ignores it with data parallelism > 1 (env[{i}] VLLM_DP_SIZE="
+                f"{size}) and runs the static numSpeculativeTokens; drop one of the two")]
+    return []
+
+
 def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None, list[Problem]]:
     """Parse and check a spec: (spec, []) or (spec or None, [(field, message), ...])."""
     if not isinstance(raw_spec, Mapping):
@@ -52,5 +75,6 @@ def spec_problems(raw_spec: Mapping[str, Any]) -> tuple[MTPInferenceSpec | None,
         problems = {Problem(_field(e["loc"]), _message(e["msg"])) for e in err.errors()}
         return None, sorted(problems)
     parts = pod_part_problems(spec.env, spec.resources, spec.tolerations)
-    found = validate_spec(spec) + tuning_problems(spec) + class_problems(spec)
+    found = (validate_spec(spec) + tuning_problems(spec) + class_problems(spec)
+             + data_parallel_problems(spec))
     return spec, parts + [p for p in found if p not in parts]
