@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from mtp_operator.api.classes import context_length_range
 from mtp_operator.api.v1alpha1 import GROUP, KIND, VERSION, MTPInferenceSpec
 from mtp_operator.model_cache import EffectiveCache, volume, volume_mount
 from mtp_operator.naming import (
@@ -32,7 +33,6 @@ from mtp_operator.naming import (
 )
 from mtp_operator.planning import PoolPlan
 from mtp_operator.routing import routing_objects
-from mtp_operator.traffic_classes import context_length_range
 from mtp_runtime.drain import DRAIN_SECONDS_ENV, STOP_MARGIN_S
 from mtp_runtime.gpu_profiles import entries_for
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig

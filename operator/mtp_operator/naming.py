@@ -18,6 +18,10 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_RESOURCE = "mtp-operator.io/mtpinference"
 LABEL_GPU_PRODUCT = "mtp-operator.io/gpu-product"
 LABEL_CANARY = "mtp-operator.io/canary"  # a tuning trial's pod beside the pool's Deployment
+# Traffic classes (spec.speculative.classes): the class a pool serves, and for a prompt-length
+# class its range as llm-d's context-length-aware scorer reads it ("min-max", tokens).
+LABEL_TRAFFIC_CLASS = "mtp-operator.io/traffic-class"
+LABEL_CONTEXT_LENGTH_RANGE = "llm-d.ai/context-length-range"
 MANAGED_BY = "mtp-operator"
 APP_NAME = "mtp-inference"
 
@@ -25,6 +29,7 @@ ANNOTATION_COMMAND = "mtp-operator.io/vllm-command"
 ANNOTATION_SETTINGS_HASH = "mtp-operator.io/settings-hash"
 ANNOTATION_RESET_ROLLBACK = "mtp-operator.io/reset-rollback"
 ANNOTATION_GPU_PRODUCT = "mtp-operator.io/gpu-product"  # exact value, never cut like labels
+ANNOTATION_TRAFFIC_CLASS = "mtp-operator.io/traffic-class"
 
 MAX_NAME = 63
 _INVALID = re.compile(r"[^a-z0-9-]+")
@@ -79,13 +84,38 @@ def product_slug(product: str) -> str:
     return f"{re.sub(r'-{2,}', '-', slug.strip('-'))}-{short_hash(product)}"
 
 
-def pool_deployment_name(resource: str, product: str) -> str:
-    return dns_label(resource, product_slug(product))
+def pool_key(product: str, traffic_class: str | None = None) -> str:
+    """A pool's identity within its resource: the GPU product, or `product/class` for a class
+    pool (a label value has no `/`, a class name neither, so the split is unique)."""
+    return product if traffic_class is None else f"{product}/{traffic_class}"
 
 
-def canary_pod_name(resource: str, product: str, k: int) -> str:
+def split_pool_key(key: str) -> tuple[str, str | None]:
+    """(product, class or None) of a pool_key."""
+    product, sep, traffic_class = key.rpartition("/")
+    return (product, traffic_class) if sep else (key, None)
+
+
+def _pool_slug(product: str, traffic_class: str | None) -> str:
+    """The pool's part of names. A class pool's is the product's slug, the class and a short
+    hash of both, so it always ends in `-<8 hex>` after a class name: it never equals an
+    unclassed pool's name of another product (a slug ending like `-long`) of the same resource
+    while classes are switched on or off, and two class pools differ by their hash input."""
+    slug = product_slug(product)
+    if traffic_class is None:
+        return slug
+    return f"{slug}-{traffic_class}-{short_hash(pool_key(product, traffic_class))}"
+
+
+def pool_deployment_name(resource: str, product: str, traffic_class: str | None = None) -> str:
+    return dns_label(resource, _pool_slug(product, traffic_class))
+
+
+def canary_pod_name(
+    resource: str, product: str, k: int, traffic_class: str | None = None
+) -> str:
     """The pod a canary trial of K runs in (K in the name: a pod's spec cannot change)."""
-    return dns_label(resource, product_slug(product), f"canary-k{k}")
+    return dns_label(resource, _pool_slug(product, traffic_class), f"canary-k{k}")
 
 
 def service_name(resource: str) -> str:
@@ -113,9 +143,43 @@ def resource_labels(resource: str) -> dict[str, str]:
     }
 
 
-def pool_labels(resource: str, product: str) -> dict[str, str]:
-    return {**resource_labels(resource), LABEL_GPU_PRODUCT: label_value(product)}
+def pool_labels(
+    resource: str,
+    product: str,
+    traffic_class: str | None = None,
+    context_length_range: str | None = None,
+) -> dict[str, str]:
+    labels = {**resource_labels(resource), LABEL_GPU_PRODUCT: label_value(product)}
+    if traffic_class is not None:
+        labels[LABEL_TRAFFIC_CLASS] = traffic_class
+    if context_length_range is not None:
+        labels[LABEL_CONTEXT_LENGTH_RANGE] = context_length_range
+    return labels
 
 
-def pool_selector(resource: str, product: str) -> dict[str, str]:
-    return {LABEL_RESOURCE: label_value(resource), LABEL_GPU_PRODUCT: label_value(product)}
+def pool_selector(
+    resource: str, product: str, traffic_class: str | None = None
+) -> dict[str, str]:
+    selector = {LABEL_RESOURCE: label_value(resource), LABEL_GPU_PRODUCT: label_value(product)}
+    if traffic_class is not None:
+        selector[LABEL_TRAFFIC_CLASS] = traffic_class
+    return selector
+
+
+def class_service_name(resource: str, traffic_class: str) -> str:
+    """The plain Service of one class (clients that know their class): `<resource>-<class>-
+    class`, never a resource's `-openai` Service, and the class (no `-` in it) is the part
+    before `-class`, so two (resource, class) pairs get two names."""
+    name = dns_label(resource, traffic_class, "class")
+    return name if name[:1].isalpha() else dns_label("mtpi", resource, traffic_class, "class")
+
+
+def inference_pool_name(resource: str) -> str:
+    """The InferencePool of a resource with classes (a DNS-1035 label, like a Service)."""
+    name = dns_label(resource, "pool")
+    return name if name[:1].isalpha() else dns_label("mtpi", resource, "pool")
+
+
+def picker_config_name(resource: str) -> str:
+    """The ConfigMap with the endpoint picker's configuration."""
+    return dns_label(resource, "epp-config")

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, PoolSource
 from mtp_operator.fit import Fit, ProductShape, decide, shape_of
-from mtp_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from mtp_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE, pool_key
 from mtp_runtime.gpu_profiles import KError, KRequest, resolve_k
 from mtp_runtime.problems import Problem, problems_text
 from mtp_runtime.vllm_command import ServeSettings, problems
@@ -172,6 +172,12 @@ class PoolFate:
     message: str
     gone_since: datetime | None = None  # first seen without any node of its product
     remove_at: datetime | None = None  # a retained ProductGone pool's deadline
+    traffic_class: str | None = None  # a class pool's class (spec.speculative.classes)
+
+    @property
+    def key(self) -> str:
+        """The pool's identity (naming.pool_key): the product, or `product/class`."""
+        return pool_key(self.gpu_product, self.traffic_class)
 
 
 def _excluded_by_spec(spec: MTPInferenceSpec, product: str, nodes: list[GPUNode]) -> str | None:
@@ -290,6 +296,13 @@ class PoolPlan:
     def nodes(self) -> int:
         """Pods (one per node) of one replica: above 1, a LeaderWorkerSet group."""
         return self.fit.nodes if self.fit is not None and self.fit.placeable else 1
+
+    traffic_class: str | None = None  # a class pool's class (spec.speculative.classes)
+
+    @property
+    def key(self) -> str:
+        """The pool's identity (naming.pool_key): the product, or `product/class`."""
+        return pool_key(self.gpu_product, self.traffic_class)
 
 
 class PlanError(ValueError):

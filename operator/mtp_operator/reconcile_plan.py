@@ -32,7 +32,7 @@ from mtp_operator.conditions import (
 )
 from mtp_operator.drift import DRIFT_ANNOTATIONS, annotations_read
 from mtp_operator.fit import Fit, summary
-from mtp_operator.naming import ANNOTATION_GPU_PRODUCT
+from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_TRAFFIC_CLASS, pool_key
 from mtp_operator.planning import (
     RETAINED_PRODUCT_GONE,
     GPUNode,
@@ -43,7 +43,6 @@ from mtp_operator.planning import (
     fitting_products,
     no_fit_problem,
     plan_pool,
-    pool_fates,
     product_fits,
 )
 from mtp_operator.rollback.state import RollbackView, pool_rollback_state
@@ -56,6 +55,7 @@ from mtp_operator.status import (
     to_wire,
 )
 from mtp_operator.timestamps import format_time, parse_time
+from mtp_operator.traffic_classes import class_plans, class_pool_fates
 from mtp_operator.tuning.state import canary_plans, carried, planned_k
 from mtp_runtime.problems import Problem
 
@@ -115,7 +115,7 @@ def plan_pass(
         # a replica over several nodes needs a LeaderWorkerSet pool, not wired into the
         # apply step yet (lws.py builds it): no Deployment that could never start
         products = [p for p in products if p not in fits or fits[p].nodes == 1]
-        fates = pool_fates(
+        fates = class_pool_fates(  # pool_fates, existing pools named by pool key
             spec, nodes, existing, products, gone_since(previous), now, grace_seconds
         )
         if not products and not any(f.action == "retain" for f in fates):
@@ -132,6 +132,11 @@ def plan_pass(
             canaries = canary_plans(spec, plans, tuning, rollback.k_for, gpu_profiles)
         except PlanError as err:
             blocking = list(err.problems)
+        if spec.speculative.classes and not blocking:  # a pool per (product, class)
+            try:
+                plans, canaries = class_plans(spec, plans, gpu_profiles, rollback.k_for, tuning)
+            except PlanError as err:
+                blocking = list(err.problems)
     return PassPlan(spec, plans, blocking, reason, rollback, fates, tuning, canaries, fits)
 
 
@@ -291,7 +296,7 @@ def resource_version(body: Mapping[str, Any]) -> int:
 
 # The annotations of a pool Deployment that a pass reads (its product, and what drift and a
 # retained pool's status entry compare); others' annotations are not read.
-POOL_ANNOTATIONS_READ = (ANNOTATION_GPU_PRODUCT, *DRIFT_ANNOTATIONS)
+POOL_ANNOTATIONS_READ = (ANNOTATION_GPU_PRODUCT, ANNOTATION_TRAFFIC_CLASS, *DRIFT_ANNOTATIONS)
 
 
 def pool_inputs(deployment: Mapping[str, Any], observed: ObservedPool) -> tuple[Any, ...]:
@@ -313,4 +318,9 @@ def pool_inputs(deployment: Mapping[str, Any], observed: ObservedPool) -> tuple[
 
 
 def product_of(deployment: Mapping[str, Any]) -> str | None:
-    return ((deployment.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_GPU_PRODUCT)
+    """The pool a Deployment (or canary pod) is, by pool key (naming.pool_key): its GPU
+    product, or `product/class` for a class pool."""
+    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+    product = annotations.get(ANNOTATION_GPU_PRODUCT)
+    traffic_class = annotations.get(ANNOTATION_TRAFFIC_CLASS)
+    return pool_key(product, traffic_class) if product and traffic_class else product

@@ -15,6 +15,7 @@ import yaml
 from mtp_operator import builders, model_cache
 from mtp_operator.planning import PlanError, plan_pool
 from mtp_operator.settings import OperatorSettings
+from mtp_operator.traffic_classes import class_plans
 from mtp_operator.validation import spec_problems
 from mtp_runtime.gpu_profiles import FIELD_REPORT_PRODUCTS
 from mtp_runtime.problems import problems_text
@@ -47,6 +48,8 @@ def render_resource(
     chosen = list(products or spec.gpu_products or DEFAULT_PRODUCTS)
     try:
         plans = [plan_pool(spec, p, settings.gpu_profiles) for p in chosen]
+        if spec.speculative.classes:  # a pool per (product, class), as the operator plans
+            plans, _ = class_plans(spec, plans, settings.gpu_profiles, lambda _: None, {})
     except PlanError as err:
         raise RenderError(problems_text(err.problems, _spec_field)) from err
     return builders.desired_objects(

@@ -16,6 +16,7 @@ from mtp_operator.api.v1alpha1 import Condition, MTPInferenceStatus, PoolStatus
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
     ANNOTATION_GPU_PRODUCT,
+    ANNOTATION_TRAFFIC_CLASS,
     plain_product_slug,
     pool_deployment_name,
 )
@@ -46,6 +47,12 @@ def observe_deployment(body: Mapping[str, Any]) -> ObservedPool:
         and st.get("replicas", 0) <= desired
     )
     return ObservedPool(desired, int(st.get("readyReplicas", 0)), up_to_date)
+
+
+def summary_name(pool: PoolStatus) -> str:
+    """A pool in `poolsSummary`: `H100`, or `H100/long` for a class pool."""
+    short = short_product(pool.gpu_product)
+    return short if pool.traffic_class is None else f"{short}/{pool.traffic_class}"
 
 
 def short_product(product: str) -> str:
@@ -130,10 +137,10 @@ def _conditions(
 
 
 def _pool_entry(i: StatusInput, plan: PoolPlan) -> PoolStatus:
-    seen = i.observed.get(plan.gpu_product)
-    kept = {
-        k: v for k, v in (i.rollback_state.get(plan.gpu_product) or {}).items() if v is not None
-    }
+    seen = i.observed.get(plan.key)
+    kept = {k: v for k, v in (i.rollback_state.get(plan.key) or {}).items() if v is not None}
+    if plan.traffic_class is not None:
+        kept["traffic_class"] = plan.traffic_class
     return PoolStatus(
         gpu_product=plan.gpu_product,
         num_speculative_tokens=plan.k,
@@ -141,9 +148,9 @@ def _pool_entry(i: StatusInput, plan: PoolPlan) -> PoolStatus:
         reason=plan.reason,
         replicas=seen.desired if seen else 0,
         ready_replicas=seen.ready if seen else 0,
-        deployment=pool_deployment_name(i.name, plan.gpu_product),
-        settings_hash=i.settings_hashes.get(plan.gpu_product, ""),
-        tuning=i.tuning.get(plan.gpu_product),
+        deployment=pool_deployment_name(i.name, plan.gpu_product, plan.traffic_class),
+        settings_hash=i.settings_hashes.get(plan.key, ""),
+        tuning=i.tuning.get(plan.key),
         **kept,
     )
 
@@ -167,13 +174,11 @@ def build_status(i: StatusInput, now: str) -> MTPInferenceStatus:
         )
 
     pools = [_pool_entry(i, p) for p in i.plans] + [e for e, _ in i.retained]
-    pools.sort(key=lambda p: p.gpu_product)
+    pools.sort(key=lambda p: p.key)
     desired = sum(p.replicas for p in pools)
     ready = sum(p.ready_replicas for p in pools)
     rolling = [
-        p.gpu_product
-        for p in i.plans
-        if p.gpu_product not in i.observed or not i.observed[p.gpu_product].up_to_date
+        p.key for p in i.plans if p.key not in i.observed or not i.observed[p.key].up_to_date
     ]
     all_ready = bool(pools) and not rolling and ready >= desired
     rolled_back = [p for p in pools if p.source == "rollback"]
@@ -198,14 +203,14 @@ def build_status(i: StatusInput, now: str) -> MTPInferenceStatus:
         wanted.append(c.Want(c.PROGRESSING, False, c.REASON_STABLE))
     if rolled_back:
         msg = ", ".join(
-            f"{p.gpu_product} K={p.num_speculative_tokens} ({p.reason})" for p in rolled_back
+            f"{p.key} K={p.num_speculative_tokens} ({p.reason})" for p in rolled_back
         )
         wanted.append(c.Want(c.ROLLED_BACK, True, c.REASON_ROLLED_BACK, msg))
     else:
         wanted.append(c.Want(c.ROLLED_BACK, False, c.REASON_NOT_ROLLED_BACK))
     if i.retained:
         reasons = sorted({e.retained or "" for e, _ in i.retained})
-        msg = "; ".join(f"pool {e.gpu_product}: {m}" for e, m in i.retained)
+        msg = "; ".join(f"pool {e.key}: {m}" for e, m in i.retained)
         wanted.append(c.Want(c.POOLS_RETAINED, True, reasons[0], msg))
     elif any(x.type == c.POOLS_RETAINED for x in i.previous.conditions):
         wanted.append(c.Want(c.POOLS_RETAINED, False, c.REASON_ALL_POOLS_PLACED))
@@ -218,7 +223,7 @@ def build_status(i: StatusInput, now: str) -> MTPInferenceStatus:
     else:
         phase = "Progressing"
     removed = list(i.previous.removed_pools)
-    removed = [r for r in removed if r not in {p.gpu_product for p in i.plans}]
+    removed = [r for r in removed if r not in {p.key for p in i.plans}]
     removed = (removed + [r for r in i.removed if r not in removed])[-MAX_REMOVED_POOLS:]
     return MTPInferenceStatus(
         observed_generation=i.generation,
@@ -227,7 +232,7 @@ def build_status(i: StatusInput, now: str) -> MTPInferenceStatus:
         pools=pools,
         rollbacks=list(i.previous.rollbacks),
         pools_summary=" ".join(
-            f"{short_product(p.gpu_product)}:{p.num_speculative_tokens}" for p in pools
+            f"{summary_name(p)}:{p.num_speculative_tokens}" for p in pools
         ),
         ready=f"{ready}/{desired}",
         removed_pools=removed,
@@ -257,13 +262,15 @@ def retained_entry(
     if previous is not None:
         return previous.model_copy(update=live)
     product = annotations.get(ANNOTATION_GPU_PRODUCT) or ""
+    traffic_class = annotations.get(ANNOTATION_TRAFFIC_CLASS)
     k = _k_from_command(annotations.get(ANNOTATION_COMMAND))
     return PoolStatus(
         gpu_product=product,
+        traffic_class=traffic_class,
         num_speculative_tokens=k,
         source="profile" if k else "off",
         reason="as the running pool was planned",
-        deployment=meta.get("name") or pool_deployment_name(name, product),
+        deployment=meta.get("name") or pool_deployment_name(name, product, traffic_class),
         **live,
     )
 
@@ -281,7 +288,7 @@ def _k_from_command(command: str | None) -> int:
 def tuning_summary(pools: Sequence[PoolStatus]) -> str | None:
     """`tuningSummary`: the recommended K per tuned pool (`-` while it has none yet)."""
     parts = [
-        f"{short_product(p.gpu_product)}:"
+        f"{summary_name(p)}:"
         f"{'-' if p.tuning.recommended_k is None else p.tuning.recommended_k}"
         for p in pools
         if p.tuning is not None

@@ -26,6 +26,8 @@ CLUSTER_RULES: frozenset[tuple[str, str, str]] = frozenset(
     + [("mtp-operator.io", "mtpinferences/status", "patch")]
     + [("apps", "deployments", v) for v in ("list", "watch", "create", "patch", "delete")]
     + [("", "services", v) for v in ("list", "watch", "create", "patch")]
+    + [("inference.networking.k8s.io", "inferencepools", v) for v in ("create", "patch")]
+    + [("", "configmaps", v) for v in ("create", "patch")]
     + [("", "nodes", v) for v in ("list", "watch")]
     + [("", "pods", v) for v in ("list", "watch", "create", "patch", "delete")]
     + [("", "persistentvolumeclaims", v) for v in ("list", "watch")]

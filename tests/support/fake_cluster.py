@@ -21,8 +21,9 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 
 from mtp_operator.control.ports import Key
-from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, GPU_PRODUCT_LABEL, GPU_RESOURCE
+from mtp_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from mtp_operator.planning import GPUNode, gpu_node_from_body
+from mtp_operator.reconcile_plan import product_of
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -164,9 +165,10 @@ class FakeKube:
 
     # ---- what tests look at ------------------------------------------------------------
     def deployments(self) -> dict[str, dict[str, Any]]:
-        """Stored pool Deployments by GPU product."""
+        """Stored pool Deployments by pool key (the GPU product, `product/class` for a class
+        pool)."""
         return {
-            o["metadata"]["annotations"][ANNOTATION_GPU_PRODUCT]: o
+            product_of(o) or "": o
             for (kind, _, _), o in self.objects.items()
             if kind == "Deployment"
         }
@@ -245,6 +247,8 @@ class FakeView:
             if kind == "Pod":  # a tuning canary: its pod IP goes into `pods` by the test
                 self.canaries.setdefault(key, {})[name] = copy.deepcopy(obj["metadata"])
                 continue
+            if kind != "Deployment":  # a class resource's InferencePool, ConfigMap
+                continue
             want = obj["spec"].get("replicas", 1)
             obj["status"] = {
                 "observedGeneration": obj["metadata"]["generation"],
@@ -252,5 +256,5 @@ class FakeView:
                 "updatedReplicas": want,
                 "readyReplicas": want if ready else 0,
             }
-            product = obj["metadata"]["annotations"][ANNOTATION_GPU_PRODUCT]
+            product = product_of(obj) or ""  # the pool key
             self.deployments.setdefault(key, {})[product] = copy.deepcopy(obj)

@@ -47,6 +47,11 @@ except ImportError:  # pragma: no cover - older lightkube
 __all__ = ["KubeClient", "TransportError"]
 
 MTPInferenceResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+# A resource with traffic classes applies one (mtp_operator.routing); the CRD is the Gateway API
+# Inference Extension's, installed by the user.
+InferencePoolResource = create_namespaced_resource(
+    "inference.networking.k8s.io", "v1", "InferencePool", "inferencepools"
+)
 
 
 def slim(body: Mapping[str, Any]) -> dict[str, Any]:

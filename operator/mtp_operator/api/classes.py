@@ -125,6 +125,15 @@ class TrafficClass(_Model):
         return self.prompt_tokens is None and self.header is None
 
 
+def context_length_range(cls: TrafficClass) -> str | None:
+    """A length class's `llm-d.ai/context-length-range` label value, "min-max" in tokens
+    (both included; an open range ends at MAX_PROMPT_TOKENS); None for other classes."""
+    r = cls.prompt_tokens
+    if r is None or cls.header is not None:
+        return None
+    return f"{r.min}-{r.upper}"
+
+
 def class_list_problems(classes: Sequence[TrafficClass], field: str) -> list[Problem]:
     """What a list of classes must satisfy beyond each class's own schema (`field` is the
     list's path, e.g. `speculative.classes`), each problem naming the entry."""

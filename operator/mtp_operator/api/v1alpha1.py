@@ -453,6 +453,16 @@ class PoolStatus(_Model):
     tuning: PoolTuningStatus | None = Field(
         None, description="Measured K (spec.speculative.tuning)."
     )
+    traffic_class: str | None = Field(
+        None, description="The traffic class this pool serves (spec.speculative.classes)."
+    )
+
+    @property
+    def key(self) -> str:
+        """The pool's identity: the GPU product, or `product/class` (naming.pool_key)."""
+        return self.gpu_product if self.traffic_class is None else (
+            f"{self.gpu_product}/{self.traffic_class}"
+        )
     nodes_per_replica: int | None = Field(
         None, description="Nodes one replica spans (a LeaderWorkerSet group when above 1)."
     )
@@ -482,6 +492,7 @@ class RollbackRecord(_Model):
     threshold: float | None = None
     reason: str = ""
     via: Literal["alertmanager", "evaluator"] = "alertmanager"
+    traffic_class: str | None = None  # the class pool rolled back (spec.speculative.classes)
 
 
 class MTPInferenceStatus(_Model):

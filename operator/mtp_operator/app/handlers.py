@@ -23,8 +23,11 @@ from mtp_operator.naming import (
     LABEL_GPU_PRODUCT,
     LABEL_MANAGED_BY,
     LABEL_RESOURCE,
+    LABEL_TRAFFIC_CLASS,
     MANAGED_BY,
     label_value,
+    pool_key,
+    split_pool_key,
 )
 from mtp_operator.planning import GPUNode, gpu_node_from_body
 from mtp_operator.settings import DEFAULT_LIST_PAGE_SIZE
@@ -87,7 +90,10 @@ def pod_index_entry(body: Mapping[str, Any]) -> dict:
     )
     if not ready or not status.get("podIP") or LABEL_GPU_PRODUCT not in labels:
         return {}
-    key = (meta.get("namespace"), labels.get(LABEL_RESOURCE), labels[LABEL_GPU_PRODUCT])
+    pool = labels[LABEL_GPU_PRODUCT]  # a class pool's pods: `product/class` (naming.pool_key)
+    if labels.get(LABEL_TRAFFIC_CLASS):
+        pool = pool_key(pool, labels[LABEL_TRAFFIC_CLASS])
+    key = (meta.get("namespace"), labels.get(LABEL_RESOURCE), pool)
     return {key: (meta.get("name"), status["podIP"])}
 
 
@@ -156,8 +162,9 @@ class KopfView:
         return out
 
     def pool_pod_ips(self, key: Key, product: str) -> dict[str, str]:
-        """Ready pods of one pool: {pod name: pod IP}."""
-        index_key = (key[0], label_value(key[1]), label_value(product))
+        """Ready pods of one pool (`product`: its pool key): {pod name: pod IP}."""
+        gpu, traffic_class = split_pool_key(product)
+        index_key = (key[0], label_value(key[1]), pool_key(label_value(gpu), traffic_class))
         return dict(self.pods.get(index_key, ()))
 
     def has_service(self, key: Key) -> bool:

@@ -82,8 +82,8 @@ class Evaluator:
             if spec is None or problems or not spec.rollback.enabled:
                 continue
             for pool in reconciler.current_status(key, body).pools:
-                ref = PoolRef(key[0], key[1], pool.gpu_product)
-                pods = view.pool_pod_ips(key, pool.gpu_product)
+                ref = PoolRef(key[0], key[1], pool.key)  # a class pool: `product/class`
+                pods = view.pool_pod_ips(key, pool.key)
                 if pods:
                     work.append((ref, spec.rollback, pool.num_speculative_tokens, pods))
         work.sort(key=lambda w: (w[0].namespace, w[0].mtpinference, w[0].gpu_product))

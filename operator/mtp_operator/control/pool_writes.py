@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -124,8 +125,9 @@ class PoolWrites:
                     await self.kube.apply(desired.objects()[0])
                 slot.service_applied, slot.service_seen = time.monotonic(), False
             for digest, pool in zip(desired.hashes, plan.pools, strict=True):
-                hashes[pool.gpu_product] = digest
+                hashes[pool.key] = digest
             await self._apply_pools(body, desired, plan, observed_bodies, announced)
+            await self._apply_routing(key, desired, plan)
             await self._apply_canaries(key, body, plan)
             removed = await self._remove_pools(key, body, observed_bodies, plan)
             retained = await self._retained(key, body, previous, observed_bodies, plan)
@@ -138,6 +140,37 @@ class PoolWrites:
             return Applied(hashes, [], error)
         return Applied(hashes, removed, retained=retained)
 
+    async def _apply_routing(self, key: Key, desired: builders.DesiredSet, plan: PassPlan) -> None:
+        """The routing objects of a resource with traffic classes (mtp_operator.routing, after
+        the pools in the desired objects), applied when they differ from what this operator
+        last applied (they are not watched: one edited by hand is set back at the next
+        change or restart). Without the InferencePool CRD its apply is a 404: logged and
+        tried again next pass, the pools and class Services still serve. A pass whose
+        desired set is the one last applied in full renders nothing."""
+        slot = self.slot(key)
+        if plan.spec is None or not plan.spec.speculative.classes or slot.routing_set is desired:
+            return
+        extras = desired.objects()[1 + len(plan.pools):]
+        memo = slot.routing
+        complete = True
+        for obj in extras:
+            ident = (obj["kind"], obj["metadata"]["name"])
+            text = json.dumps(obj, sort_keys=True)
+            if memo.get(ident) == text:
+                continue
+            try:
+                async with self._in_turn():
+                    await self.kube.apply(obj)
+            except ApiError as err:
+                if obj["kind"] != "InferencePool" or err.status.code != 404:
+                    raise
+                log.warning("%s/%s: InferencePool not applied (is the Gateway API Inference "
+                            "Extension CRD installed?): %s", key[0], key[1], err.status.message)
+                complete = False
+                continue
+            memo[ident] = text
+        slot.routing_set = desired if complete else None
+
     async def _remove_pools(
         self,
         key: Key,
@@ -148,15 +181,15 @@ class PoolWrites:
         """Delete the pools whose fate is removal; returns their GPU products."""
         removed = []
         for fate in plan.fates:
-            if fate.action != "remove" or fate.gpu_product not in observed:
+            if fate.action != "remove" or fate.key not in observed:
                 continue
-            dep = observed[fate.gpu_product]
+            dep = observed[fate.key]
             await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
-            self.slot(key).pools.pop(fate.gpu_product, None)
-            self.slot(key).drift_memo.pop(fate.gpu_product, None)
-            removed.append(fate.gpu_product)
+            self.slot(key).pools.pop(fate.key, None)
+            self.slot(key).drift_memo.pop(fate.key, None)
+            removed.append(fate.key)
             await self.kube.event(
-                body, REASON_POOL_REMOVED, pool_removed(fate.gpu_product, fate.message)
+                body, REASON_POOL_REMOVED, pool_removed(fate.key, fate.message)
             )
         return removed
 
@@ -170,20 +203,20 @@ class PoolWrites:
     ) -> list[tuple[PoolStatus, str]]:
         """Status entries of the pools kept as they run; an Event when one starts being kept,
         and a pass at the earliest removal deadline."""
-        before = {p.gpu_product: p for p in (previous.pools if previous else [])}
+        before = {p.key: p for p in (previous.pools if previous else [])}
         out = []
         for fate in plan.fates:
-            if fate.action != "retain" or fate.gpu_product not in observed:
+            if fate.action != "retain" or fate.key not in observed:
                 continue
-            dep = observed[fate.gpu_product]
-            prev = before.get(fate.gpu_product)
+            dep = observed[fate.key]
+            prev = before.get(fate.key)
             since = format_time(fate.gone_since) if fate.gone_since else None
             entry = retained_entry(key[1], prev, dep, observe_deployment(dep), fate.reason, since)
             if (prev.retained if prev else None) != fate.reason:
                 await self.kube.event(
                     body,
                     REASON_POOL_RETAINED,
-                    pool_retained(fate.gpu_product, fate.message),
+                    pool_retained(fate.key, fate.message),
                     "Warning",
                 )
             if fate.remove_at is not None:
@@ -275,7 +308,7 @@ class PoolWrites:
                 out = await self.kube.apply(desired)
         OPERATOR_METRICS.deployment_writes.inc()
         if resource_version(out):
-            self._owner_slot(owner).pools[plan.gpu_product] = out
+            self._owner_slot(owner).pools[plan.key] = out
 
     @staticmethod
     def _forget_our_pool(slot: Any, product: str) -> None:
@@ -312,13 +345,13 @@ class PoolWrites:
             (pool, write)
             for i, pool in enumerate(plan.pools)
             if (write := self._pool_write(owner, desired, i, pool,
-                                          observed_bodies.get(pool.gpu_product))) is not None
+                                          observed_bodies.get(pool.key))) is not None
         ]
         if not writes:
             return
         results = await asyncio.gather(
             *(
-                self._write_pool(owner, pool, obj, rv, urgent=pool.gpu_product in announced)
+                self._write_pool(owner, pool, obj, rv, urgent=pool.key in announced)
                 for pool, (obj, rv, _event) in writes
             ),
             return_exceptions=True,
@@ -326,7 +359,7 @@ class PoolWrites:
         by_reason: dict[tuple[str, str], list[str]] = {}
         for (pool, (_obj, _rv, event)), result in zip(writes, results, strict=True):
             if isinstance(result, BaseException) or (
-                event[0] == REASON_POOL_UPDATED and pool.gpu_product in announced
+                event[0] == REASON_POOL_UPDATED and pool.key in announced
             ):
                 continue
             reason, message, type_ = event
@@ -405,7 +438,7 @@ class PoolWrites:
             desired = desired_set.objects()[1 + index]
             event = REASON_POOL_CREATED, pool_created(plan, desired["metadata"]["name"]), "Normal"
             return desired, None, event
-        changed = self._drift(owner, plan.gpu_product, desired_set, index, observed)
+        changed = self._drift(owner, plan.key, desired_set, index, observed)
         if not changed:
             return None
         desired = desired_set.objects()[1 + index]
@@ -423,7 +456,7 @@ class PoolWrites:
         if ours == theirs:
             event = (
                 REASON_MANUAL_CHANGE_REVERTED,
-                manual_change_reverted(plan.gpu_product, changed),
+                manual_change_reverted(plan.key, changed),
                 "Warning",
             )
         else:

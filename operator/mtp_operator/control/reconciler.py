@@ -61,6 +61,9 @@ def utcnow() -> datetime:
 class _Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dirty: bool = False
+    # traffic classes: the routing objects applied, (kind, name) → their JSON (pool_writes)
+    routing: dict[tuple[str, str], str] = field(default_factory=dict)
+    routing_set: Any = None  # the DesiredSet whose routing objects were all applied
     # Our own last status write, used until the watch delivers it (never read stale state).
     status: MTPInferenceStatus | None = None
     status_rv: int = 0
@@ -464,7 +467,7 @@ class Reconciler(PoolWrites):
         inputs = (
             slot.spec_memo[0],
             uid,
-            tuple((p.gpu_product, p.k, p.source, p.k_mode, p.serve) for p in plans),
+            tuple((p.key, p.k, p.source, p.k_mode, p.serve) for p in plans),
             canaries,
         )
         if slot.desired_memo is None or slot.desired_memo.inputs != inputs:

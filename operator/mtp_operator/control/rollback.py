@@ -27,11 +27,12 @@ from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.control.ports import ClusterView, Key, Kube
 from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
 from mtp_operator.events import REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back_steps
-from mtp_operator.naming import label_value
+from mtp_operator.naming import label_value, pool_key
 from mtp_operator.planning import PlanError, plan_pool
 from mtp_operator.rollback.policy import Decision, PoolRollbackState, decide
 from mtp_operator.rollback.signals import AlertSignal
 from mtp_operator.rollback.state import with_decisions
+from mtp_operator.traffic_classes import class_specs
 from mtp_operator.validation import spec_problems
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ class RollbackActions:
         # One per pool rolled back: a pass that stepped a pool several times says so once.
         by_pool: dict[str, list] = defaultdict(list)
         for rec in records:
-            by_pool[rec.gpu_product].append(rec)
+            by_pool[pool_key(rec.gpu_product, rec.traffic_class)].append(rec)
         for steps in by_pool.values():
             await self.kube.event(
                 body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back_steps(steps),
@@ -239,12 +240,15 @@ class RollbackActions:
             product = by_label.get(sig.target.gpu_product, sig.target.gpu_product)
             if product != sig.target.gpu_product:
                 sig = replace(sig, target=replace(sig.target, gpu_product=product))
-            pool = next((p for p in status.pools if p.gpu_product == product), None)
+            pool = next((p for p in status.pools if p.key == product), None)
             if pool is None:
                 outcome.unknown.append(f"{key[0]}/{key[1]}/{product}")
                 continue
             try:
-                spec_k = plan_pool(spec, product, self.reconciler.settings.gpu_profiles).k
+                spec_k = plan_pool(
+                    class_specs(spec).get(pool.traffic_class or "", spec), pool.gpu_product,
+                    self.reconciler.settings.gpu_profiles,
+                ).k
             except PlanError:
                 outcome.unchanged += 1
                 continue

@@ -21,12 +21,13 @@ import aiohttp
 
 from mtp_operator.api.v1alpha1 import PoolStatus
 from mtp_operator.naming import canary_pod_name
+from mtp_operator.traffic_classes import class_specs
 from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_counters
 from mtp_operator.tuning.decision import Trial, decide
 from mtp_operator.tuning.estimator import Measurement, measure
 from mtp_operator.tuning.schedule import recommend_schedule
 from mtp_operator.tuning.settings import policy_for
-from mtp_operator.tuning.state import guard_from, published, trial_from
+from mtp_operator.tuning.state import guard_from, published, trial_from, tuning_modes
 from mtp_operator.validation import spec_problems
 from mtp_runtime.exposition import ParseError
 from mtp_runtime.vllm_command import DEFAULT_PORT
@@ -82,12 +83,16 @@ class Tuner:
             if body is None:
                 continue
             spec, found = spec_problems(body.get("spec") or {})
-            if spec is None or found or spec.speculative.tuning.mode == "Off":
+            if spec is None or found or all(m == "Off" for m in tuning_modes(spec)):
                 continue
             generation = (body.get("metadata") or {}).get("generation")
             status = self.reconciler.current_status(key, body)
+            specs = class_specs(spec)  # a class pool tunes with its class's spec
             for pool in status.pools:
-                product = pool.gpu_product
+                pool_spec = specs.get(pool.traffic_class or "", spec)
+                if pool_spec.speculative.tuning.mode == "Off":
+                    continue
+                product = pool.key  # the pool key: `product/class` for a class pool
                 ref = (key[0], key[1], product)
                 seen.add(ref)
                 mem = self.pools.setdefault(ref, PoolMemory(generation))
@@ -102,11 +107,11 @@ class Tuner:
                         mem.samples.setdefault(name, []).append(sample)
                 if mem.window_start is None:
                     mem.window_start = t
-                policy = policy_for(spec)
+                policy = policy_for(pool_spec)
                 if t - mem.window_start < policy.observation_seconds:
                     continue
                 self._close_window(mem, t)
-                await self._decide(key, body, spec, pool, mem, policy, generation, now)
+                await self._decide(key, body, pool_spec, pool, mem, policy, generation, now)
                 decided += 1
         for gone in set(self.pools) - seen:
             del self.pools[gone]
@@ -146,7 +151,7 @@ class Tuner:
         replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
         d = decide(policy, running, trial, history, mem.table, guard, now, replicas)
         events: list[tuple[str, str, str]] = []
-        product = pool.gpu_product
+        product = pool.key
         ended_canary = None
         if d.action == "start_trial" and d.trial_k is not None and d.trial_kind is not None:
             trial = Trial(d.trial_k, running, now, d.trial_kind)
@@ -184,8 +189,8 @@ class Tuner:
             for reason, message, type_ in events:
                 await self.kube.event(body, reason, message, type_)
             if ended_canary is not None:  # the pool has its replica back: drop the canary
-                await self.kube.delete_pod(key[0], canary_pod_name(key[1], product,
-                                                                    ended_canary))
+                await self.kube.delete_pod(key[0], canary_pod_name(
+                    key[1], pool.gpu_product, ended_canary, pool.traffic_class))
         if slot.dirty:  # a reconcile asked for while we held the lock was deferred to us
             await self.reconciler.reconcile(key)
 

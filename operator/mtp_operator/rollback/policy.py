@@ -30,6 +30,7 @@ from typing import Any, Literal
 from mtp_runtime.gpu_profiles import valid_k_for_depth
 
 from ..api.v1alpha1 import PoolStatus, RollbackRecord, RollbackSpec
+from ..naming import pool_key, split_pool_key
 from ..timestamps import format_time, parse_time
 from .signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, ROLLBACK_ALERTS, AlertSignal
 
@@ -38,7 +39,7 @@ from .signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, ROLLBACK_ALERTS, Aler
 class PoolRollbackState:
     """One pool's speculative settings and rollback memory (kept in status.pools[])."""
 
-    gpu_product: str
+    gpu_product: str  # the pool key: the GPU product, or `product/class` (naming.pool_key)
     current_k: int  # what the pool runs now
     spec_k: int  # what the spec/profile asks for without a rollback
     mtp_layers: int | None = None
@@ -60,7 +61,7 @@ class PoolRollbackState:
         the dict are ignored)."""
         p = pool.model_dump(by_alias=True) if isinstance(pool, PoolStatus) else pool
         return cls(
-            gpu_product=p["gpuProduct"],
+            gpu_product=pool_key(p["gpuProduct"], p.get("trafficClass")),
             current_k=int(p.get("numSpeculativeTokens") or 0),
             spec_k=spec_k,
             mtp_layers=mtp_layers,
@@ -202,9 +203,11 @@ def decide(
         last_rollback_time=now,
         settings_since=now,
     )
+    product, traffic_class = split_pool_key(state.gpu_product)
     record = RollbackRecord(
         time=format_time(now),
-        gpu_product=state.gpu_product,
+        gpu_product=product,
+        traffic_class=traffic_class,
         from_k=k,
         to_k=to_k,
         alert=alert,

@@ -46,7 +46,7 @@ def _with_fields(pool: PoolStatus, fields: Mapping[str, Any]) -> PoolStatus:
 
 @dataclass(frozen=True)
 class RollbackView:
-    pools: Mapping[str, PoolStatus]  # by GPU product: previous entries, pins resolved
+    pools: Mapping[str, PoolStatus]  # by pool key (GPU product[/class]): previous entries
     handled_reset_token: str | None
     now: datetime
 
@@ -61,15 +61,15 @@ class RollbackView:
         """Rollback fields (camelCase) for each planned pool (`plans`: planning.PoolPlan)."""
         out: dict[str, dict[str, Any]] = {}
         for plan in plans:
-            prev = self.pools.get(plan.gpu_product)
+            prev = self.pools.get(plan.key)
             if prev is None:
-                state = PoolRollbackState(plan.gpu_product, plan.k, plan.k, mtp_layers)
+                state = PoolRollbackState(plan.key, plan.k, plan.k, mtp_layers)
             else:
                 state = PoolRollbackState.from_pool_status(prev, plan.k, mtp_layers)
             if state.current_k != plan.k or state.settings_since is None:
                 state = replace(state, current_k=plan.k, settings_since=self.now)
             fields = promote_known_good(state, self.now, spec).status_fields()
-            out[plan.gpu_product] = fields
+            out[plan.key] = fields
         return out
 
     def status_extras(self) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def pool_rollback_state(
         )
         if pin.rollback_k is None:
             entry = entry.model_copy(update={"rollback_k": None, "rollback_generation": None})
-        pools[entry.gpu_product] = entry
+        pools[entry.key] = entry
     return RollbackView(pools, handled_reset_token_after(token, handled), now)
 
 
@@ -107,7 +107,7 @@ def with_decisions(
     """`status` with each decision's pool state written into its pool entry and each
     rollback appended to `rollbacks` (the last MAX_ROLLBACK_HISTORY kept). Decisions for a
     pool the status does not list are left out."""
-    pools = {p.gpu_product: p for p in status.pools}
+    pools = {p.key: p for p in status.pools}
     records = []
     for decision in decisions:
         product = decision.state.gpu_product
@@ -116,11 +116,11 @@ def with_decisions(
         pools[product] = _with_fields(pools[product], decision.state.status_fields())
         if decision.record is not None:
             records.append(decision.record)
-    if not records and all(pools[p.gpu_product] == p for p in status.pools):
+    if not records and all(pools[p.key] == p for p in status.pools):
         return status
     return status.model_copy(
         update={
-            "pools": [pools[p.gpu_product] for p in status.pools],
+            "pools": [pools[p.key] for p in status.pools],
             "rollbacks": (list(status.rollbacks) + records)[-MAX_ROLLBACK_HISTORY:],
         }
     )

@@ -29,10 +29,10 @@ def carried(
 ) -> dict[str, PoolTuningStatus]:
     """The tuning entries a reconcile pass keeps, by GPU product: none when tuning is off, and
     none from another spec generation (a new generation starts tuning over from the spec)."""
-    if spec is None or spec.speculative.tuning.mode == "Off":
+    if spec is None or all(mode == "Off" for mode in tuning_modes(spec)):
         return {}
     return {
-        p.gpu_product: p.tuning
+        p.key: p.tuning
         for p in previous.pools
         if p.tuning is not None and p.tuning.generation == generation
     }
@@ -45,11 +45,20 @@ def with_tuning(
     if not updates:
         return status
     pools = [
-        p.model_copy(update={"tuning": updates[p.gpu_product]})
-        if p.gpu_product in updates else p
+        p.model_copy(update={"tuning": updates[p.key]})
+        if p.key in updates else p
         for p in status.pools
     ]
     return status.model_copy(update={"pools": pools})
+
+
+def tuning_modes(spec: MTPInferenceSpec) -> set[str]:
+    """The tuning modes the resource's pools run: the resource's, or with classes each
+    class's own (else the resource's)."""
+    s = spec.speculative
+    if not s.classes:
+        return {s.tuning.mode}
+    return {(c.tuning or s.tuning).mode for c in s.classes}
 
 
 def trial_from(raw: TuningTrial | None) -> Trial | None:
