@@ -130,6 +130,23 @@ class TuningEstimate(_Model):
     detail: str = ""
 
 
+class PoolCapacity(_Model):
+    """How close the pool ran to what its KV cache holds at its K, over the last window."""
+
+    k: int = Field(description="The K the figures are for (the pool's running K).")
+    peak_running: float = Field(description="Most requests one replica ran at once.")
+    kv_cache_usage: float | None = Field(
+        None, description="vLLM's KV-cache usage (0..1) at the fullest scrape.")
+    estimated_capacity: float | None = Field(
+        None, description="Requests of the window's mix one replica holds at this K "
+        "(running / KV usage at the fullest scrape; absent under 10 % usage).")
+    headroom: float | None = Field(
+        None, description="estimatedCapacity - peakRunning: requests more that would fit.")
+    waiting_for_capacity: float = Field(
+        0, description="Most requests waiting for KV space at one scrape (above 0: the "
+        "pool's concurrency ran into what K leaves room for).")
+
+
 class StepCost(_Model):
     """The fitted step cost u(K) = baseSeconds + K * perTokenSeconds (K >= 1)."""
 
@@ -160,6 +177,8 @@ class PoolTuningStatus(_Model):
     measured: list[TuningMeasurement] = Field(default_factory=list, max_length=MAX_TUNING_ROWS)
     estimates: list[TuningEstimate] = Field(default_factory=list, max_length=MAX_TUNING_ROWS)
     step_cost: StepCost | None = None
+    capacity: PoolCapacity | None = Field(
+        None, description="KV capacity at the running K over the last window.")
     recommended_schedule: list[BatchSizeRange] | None = Field(
         None,
         description="When windows at different concurrencies have different best measured "

@@ -20,11 +20,14 @@ from typing import Any
 import aiohttp
 
 from mtp_operator.api.v1alpha1 import PoolStatus
+from mtp_operator.events import REASON_CONCURRENCY_AT_CAPACITY
 from mtp_operator.naming import canary_pod_name
 from mtp_operator.traffic_classes import class_specs
+from mtp_operator.tuning.capacity import Capacity, window_capacity
 from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_counters
 from mtp_operator.tuning.decision import Trial, decide
 from mtp_operator.tuning.estimator import Measurement, measure
+from mtp_operator.tuning.priors import prior_for
 from mtp_operator.tuning.schedule import recommend_schedule
 from mtp_operator.tuning.settings import policy_for
 from mtp_operator.tuning.state import guard_from, published, trial_from, tuning_modes
@@ -61,6 +64,8 @@ class PoolMemory:
     window_start: float | None = None
     samples: dict[str, list[PodSample]] = field(default_factory=dict)  # by pod, this window
     table: list[Measurement] = field(default_factory=list)
+    capacity: dict[int, Capacity] = field(default_factory=dict)  # last window's, by K
+    at_capacity: bool = False  # the last window's verdict: an Event only when it turns true
 
 
 class Tuner:
@@ -126,7 +131,11 @@ class Tuner:
             ks = {pod_k(s) for s in samples}
             if len(ks) == 1:
                 groups.setdefault(ks.pop(), {})[name] = samples
+        mem.capacity = {}
         for k, by_pod in sorted(groups.items()):
+            cap = window_capacity(k, by_pod)
+            if cap is not None:
+                mem.capacity[k] = cap
             w = window_counters(k, by_pod, start, t)
             m = measure(w) if w is not None else None
             if m is not None:
@@ -149,7 +158,8 @@ class Tuner:
         )
         running = trial.from_k if trial is not None else pool.num_speculative_tokens
         replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
-        d = decide(policy, running, trial, history, mem.table, guard, now, replicas)
+        d = decide(policy, running, trial, history, mem.table, guard, now, replicas,
+                   prior=prior_for(pool.gpu_product), capacity=mem.capacity.get(running))
         events: list[tuple[str, str, str]] = []
         product = pool.key
         ended_canary = None
@@ -172,8 +182,14 @@ class Tuner:
                 tuning.recommended_k if tuning else None):
             events.append(("TuningRecommended", f"pool {product}: recommends K="
                            f"{d.recommended_k} (runs K={running}): {d.reason}", "Normal"))
+        cap = mem.capacity.get(running)
+        was, mem.at_capacity = mem.at_capacity, cap is not None and cap.at_capacity
+        if cap is not None and cap.at_capacity and not was:
+            events.append((REASON_CONCURRENCY_AT_CAPACITY, f"pool {product}: requests wait for "
+                           f"KV space at {cap.describe()}; a lower K leaves room for more on "
+                           "models whose per-request state grows with K", "Warning"))
         entry = published(policy.mode, d, mem.table, trial, history, tuned_k, generation, now,
-                          recommend_schedule(mem.table))
+                          recommend_schedule(mem.table), cap)
         slot = self.reconciler.slot(key)
         async with slot.lock:
             # one reconcile pass folds the entry into status (the one status writer), plans

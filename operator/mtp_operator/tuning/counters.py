@@ -24,6 +24,9 @@ from mtp_runtime.spec_decode import SpecCounters, spec_snapshot, total
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 ENGINE_STEPS = "vllm:iteration_tokens_total_count"
 RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+KV_USAGE = "vllm:kv_cache_usage_perc"
 
 
 @dataclass(frozen=True)
@@ -35,11 +38,20 @@ class PodSample:
     generation_tokens: float
     engine_steps: float | None
     running: float | None
+    waiting: float | None = None
+    kv_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
+    waiting_for_capacity: float | None = None  # waiting_by_reason{reason="capacity"}
 
 
-def _sum(exp: Exposition, name: str) -> float | None:
-    found = exp.family(name)
+def _sum(exp: Exposition, name: str, **labels: str) -> float | None:
+    found = [s for s in exp.family(name)
+             if all(s.labels.get(a) == b for a, b in labels.items())]
     return sum(s.value for s in found) if found else None
+
+
+def _max(exp: Exposition, name: str) -> float | None:
+    found = exp.family(name)
+    return max(s.value for s in found) if found else None
 
 
 def pod_sample(t: float, source: str | Exposition) -> PodSample:
@@ -51,6 +63,9 @@ def pod_sample(t: float, source: str | Exposition) -> PodSample:
         generation_tokens=_sum(exp, GENERATION_TOKENS) or 0.0,
         engine_steps=_sum(exp, ENGINE_STEPS),
         running=_sum(exp, RUNNING),
+        waiting=_sum(exp, WAITING),
+        kv_usage=_max(exp, KV_USAGE),
+        waiting_for_capacity=_sum(exp, WAITING_BY_REASON, reason="capacity"),
     )
 
 

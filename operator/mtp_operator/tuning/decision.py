@@ -61,6 +61,7 @@ from typing import Literal
 
 from mtp_operator.api.tuning import DEFAULT_REVISIT_SECONDS, DEFAULT_TRIAL_WINDOWS
 
+from .capacity import Capacity
 from .estimator import CostFit, Estimate, Measurement, comparable, estimates
 from .priors import CostPrior, prior_fit
 
@@ -373,6 +374,7 @@ def decide(
     now: datetime,
     replicas: int,
     prior: CostPrior | None = None,
+    capacity: Capacity | None = None,
 ) -> Decision:
     """The next step for one pool (module doc). `running_k`: the incumbent K (outside a trial
     the pool's K; in a trial the K the trial returns to)."""
@@ -423,9 +425,16 @@ def decide(
     if last_end is not None and now - last_end < settle:
         return _with(base, f"{why}; settling after the last trial")
     aborted = frozenset(t.k for t in recent if t.outcome == "aborted")
+    full = capacity is not None and capacity.at_capacity and capacity.k == running_k
+    if full:
+        # requests already wait for KV space at this K; a deeper K holds no more of them (on
+        # hybrid models fewer), and a trial's estimate knows nothing of capacity
+        aborted = aborted | frozenset(k for k in policy.candidates if k > running_k)
     k, reason = untried_recommendation(history, comp, rec, running_k, aborted)
     if k is None:
         k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain, aborted, fit)
+    if full:
+        reason = f"{reason} (no deeper K tried: at KV capacity, {capacity.describe()})"
     if k is None or k == running_k:
         return _with(base, f"{why}; {reason}")
     kind: TrialKind = "canary" if replicas >= 2 else "pool"

@@ -158,7 +158,8 @@ class CostFit:
             text += f" (+/- {self.alpha_se * ms:.2g}, {self.beta_se * ms:.2g})"
         ks = ",".join(str(k) for k in self.ks)
         if self.prior:
-            return f"{text} per request-step, {self.prior}, scaled to {self.points} windows at K={ks}"
+            return (f"{text} per request-step, {self.prior}, scaled to {self.points} windows "
+                    f"at K={ks}")
         return f"{text} per request-step, {self.points} windows at K={ks}"
 
 

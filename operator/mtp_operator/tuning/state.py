@@ -20,6 +20,7 @@ from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, Pool
 from mtp_operator.planning import PlanError, PoolPlan, plan_pool
 from mtp_operator.timestamps import format_time, parse_time
 
+from .capacity import Capacity
 from .decision import Decision, Guard, Trial
 from .estimator import CostFit, Measurement
 
@@ -198,6 +199,7 @@ def published(
     generation: int | None,
     now: datetime,
     schedule: Sequence[tuple[int, int, int]] | None = None,
+    capacity: Capacity | None = None,
 ) -> PoolTuningStatus:
     """status.pools[].tuning for one pool."""
     rows = sorted(table, key=lambda m: m.end)[-MAX_TUNING_ROWS:]
@@ -224,6 +226,15 @@ def published(
         out["recommendedK"] = decision.recommended_k
     if decision.fit is not None:
         out["stepCost"] = _fit(decision.fit)
+    if capacity is not None:
+        cap: dict[str, Any] = {"k": capacity.k, "peakRunning": capacity.peak_running,
+                               "waitingForCapacity": capacity.waiting}
+        if capacity.kv_usage is not None:
+            cap["kvCacheUsage"] = round(capacity.kv_usage, 4)
+        if capacity.capacity is not None and capacity.headroom is not None:
+            cap["estimatedCapacity"] = round(capacity.capacity, 1)
+            cap["headroom"] = round(capacity.headroom, 1)
+        out["capacity"] = cap
     if schedule:
         out["recommendedSchedule"] = [
             {"minBatchSize": a, "maxBatchSize": b, "numSpeculativeTokens": k}
