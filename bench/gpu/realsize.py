@@ -45,9 +45,7 @@ MODEL_NAME = "m"
 PRODUCT_ENV = "MTP_BENCH_PRODUCT"
 PROMPT_LEN = 64
 ACCEPT_N = 2048  # ids 0..N-1 carry the controlled acceptance (acceptance_ext.py)
-COMMON_ARGS = ["--load-format", "dummy", "--attention-backend", "TRITON_ATTN",
-               "--seed", "0", "--worker-extension-cls", "acceptance_ext.AcceptanceControl",
-               "--compilation-config", '{"mode":0,"cudagraph_mode":"FULL_DECODE_ONLY"}']
+COMMON_ARGS = realsize_models.COMMON_ARGS
 
 MAXCONC_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 KVSIZE_RE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")

@@ -95,6 +95,11 @@ MIMO_7B = {
 KINDS = {"qwen35-27b": QWEN35_27B, "mimo-7b": MIMO_7B}
 # MTP method per kind as a pool writes it: the seed writes `qwen3_next_mtp` for its model
 METHODS = {"qwen35-27b": "qwen3_next_mtp", "mimo-7b": "mtp"}
+# extraArgs of every real-size pool: dummy weights, the acceptance rewrite's worker extension,
+# CUDA graphs for decode without torch.compile (tests/contract checks them on vLLM 0.33 too)
+COMMON_ARGS = ["--load-format", "dummy", "--attention-backend", "TRITON_ATTN",
+               "--seed", "0", "--worker-extension-cls", "acceptance_ext.AcceptanceControl",
+               "--compilation-config", '{"mode":0,"cudagraph_mode":"FULL_DECODE_ONLY"}']
 # flags a kind needs on vLLM 0.26 beyond the common ones (realsize.py)
 KIND_ARGS = {"qwen35-27b": ["--language-model-only", "--gdn-prefill-backend", "triton"],
              "mimo-7b": []}

@@ -131,6 +131,19 @@ def generated_cases() -> list[dict[str, object]]:
         s = ServeSettings(model=real, num_speculative_tokens=k, method=method, mtp_layers=depth,
                           batch_size_schedule=((1, 4, k), (5, 64, depth), (65, 1024, 0)))
         add(f"schedule/{tiny}/{method}/K{k}", s)
+    # the real-size sweep's pools (bench/gpu/realsize.py), which ran on vLLM 0.26.0 on the GPU:
+    # the same argv must hold on 0.33 (the flags it passes in extraArgs exist in both)
+    sys.path.insert(0, str(REPO / "bench" / "gpu"))
+    import realsize_models  # type: ignore[import-not-found]
+
+    for kind in sorted(realsize_models.KINDS):
+        for k in range(7):
+            extra = (*realsize_models.COMMON_ARGS, *realsize_models.KIND_ARGS[kind],
+                     "--gpu-memory-utilization", "0.90", "--max-num-seqs", "128")
+            s = ServeSettings(model=f"/models/{kind}", num_speculative_tokens=k,
+                              method=realsize_models.METHODS[kind], max_model_len="1024",
+                              served_model_name="m", mtp_layers=1, extra_args=extra)
+            add(f"realsize/{kind}/K{k}", s)
     return cases
 
 
