@@ -8,6 +8,8 @@ KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+# the InferencePool CRD (traffic classes, issue 39): config/crd/bases of this module version
+GAIE_VERSION="${GAIE_VERSION:-v1.6.2}"
 # bumped when a binary's build flags change, so a warm cache from older flags is rebuilt
 HELM_BUILD="${HELM_VERSION}-kv"
 CACHE="${MTP_SANDBOX_CACHE:-$HOME/.cache/mtp-operator/sandbox}"
@@ -119,6 +121,19 @@ build_helm() {  # $2 is the cache key HELM_BUILD; the module version is HELM_VER
   rm -rf "$mod"
 }
 
+# The Gateway API Inference Extension's InferencePool CRD, copied from the Go module (nothing
+# to compile): the cluster tests apply it and check the operator's InferencePool against it.
+build_gaie() {
+  local out=$1 version=$2 mod; mod=$(mktemp -d)
+  local dir; dir=$(cd "$mod" && go mod init mtp-operator.io/sandbox/gaie >&2 &&
+    go mod download -json "sigs.k8s.io/gateway-api-inference-extension@$version" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  mkdir -p "$out/crds"
+  cp "$dir/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" "$out/crds/"
+  chmod -R u+w "$out/crds"
+  rm -rf "$mod"
+}
+
 mkdir -p "$CACHE/bin"
 TMPDIRS=() BEAT="" BUILDING="" BUILD_LOG=""
 on_exit() {
@@ -138,7 +153,8 @@ all_cached() {
     complete "$CACHE/bin/kwok-$KWOK_VERSION" kwok stages &&
     complete "$CACHE/bin/helm-$HELM_BUILD" helm &&
     complete "$CACHE/bin/kube-apiserver-$KUBE_VERSION" "${KUBE_BINS[@]}" &&
-    complete "$CACHE/bin/kubelet-$KUBE_VERSION" kubelet
+    complete "$CACHE/bin/kubelet-$KUBE_VERSION" kubelet &&
+    complete "$CACHE/bin/gaie-$GAIE_VERSION" crds
 }
 if ! all_cached; then
   exec 9>"$CACHE/build.lock"
@@ -150,6 +166,7 @@ build_cached kwok "$KWOK_VERSION" build_kwok kwok stages
 build_cached helm "$HELM_BUILD" build_helm helm
 build_cached kube-apiserver "$KUBE_VERSION" build_kube "${KUBE_BINS[@]}"
 build_cached kubelet "$KUBE_VERSION" build_kube kubelet
+build_cached gaie "$GAIE_VERSION" build_gaie crds
 # one directory of links, so callers need a single PATH entry
 mkdir -p "$CACHE/current"
 ln -sfn "$CACHE/bin/etcd-$ETCD_VERSION/etcd" "$CACHE/current/etcd"
@@ -160,5 +177,6 @@ for c in "${KUBE_BINS[@]}"; do
   ln -sfn "$CACHE/bin/kube-apiserver-$KUBE_VERSION/$c" "$CACHE/current/$c"
 done
 ln -sfn "$CACHE/bin/kubelet-$KUBE_VERSION/kubelet" "$CACHE/current/kubelet"
+ln -sfn "$CACHE/bin/gaie-$GAIE_VERSION/crds" "$CACHE/current/gaie-crds"
 if (( SECONDS - total > 1 )); then log "all sandbox binaries ready in $((SECONDS - total)) s"; fi
 echo "$CACHE/current"
