@@ -32,6 +32,7 @@ from mtp_operator.naming import (
     short_hash,
 )
 from mtp_operator.planning import PoolPlan
+from mtp_operator.rollout import NO_SURGE, min_available
 from mtp_operator.routing import routing_objects
 from mtp_runtime.drain import DRAIN_SECONDS_ENV, STOP_MARGIN_S
 from mtp_runtime.gpu_profiles import entries_for
@@ -252,11 +253,9 @@ def pool_deployment(
             "selector": {
                 "matchLabels": pool_selector(name, plan.gpu_product, plan.traffic_class)
             },
-            # GPU clusters have no spare GPUs to surge into.
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-            },
+            # No surge unless the product has a spare slot: the operator decides that when it
+            # rolls the pool (control.pool_writes, rollout.surge_decision).
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(NO_SURGE)},
             "template": {
                 "metadata": {
                     "labels": dict(labels),
@@ -264,6 +263,27 @@ def pool_deployment(
                 },
                 "spec": pod_spec,
             },
+        },
+    }
+
+
+def pool_disruption_budget(deploy: Mapping[str, Any]) -> dict[str, Any]:
+    """The pool's PodDisruptionBudget, from its Deployment (same name, labels, selector and
+    owner, the resource): voluntary evictions (node drains) keep one replica serving when the
+    pool has two or more (rollout.min_available)."""
+    meta = deploy["metadata"]
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": dict(meta["labels"]),
+            "ownerReferences": [dict(o) for o in meta["ownerReferences"]],
+        },
+        "spec": {
+            "minAvailable": min_available(deploy["spec"]["replicas"]),
+            "selector": {"matchLabels": dict(deploy["spec"]["selector"]["matchLabels"])},
         },
     }
 

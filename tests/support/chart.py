@@ -26,6 +26,7 @@ CLUSTER_RULES: frozenset[tuple[str, str, str]] = frozenset(
     + [("mtp-operator.io", "mtpinferences/status", "patch")]
     + [("apps", "deployments", v) for v in ("list", "watch", "create", "patch", "delete")]
     + [("", "services", v) for v in ("list", "watch", "create", "patch")]
+    + [("policy", "poddisruptionbudgets", v) for v in ("create", "patch")]
     + [("inference.networking.k8s.io", "inferencepools", v) for v in ("create", "patch")]
     + [("", "configmaps", v) for v in ("create", "patch")]
     + [("", "nodes", v) for v in ("list", "watch")]

@@ -101,7 +101,9 @@ class FakeKube:
         self._maybe_fail("apply")
         meta = obj["metadata"]
         key = (obj["kind"], meta.get("namespace", ""), meta["name"])
-        self.calls.append(("apply", meta["name"]))
+        # a pool's PodDisruptionBudget is counted apart: "apply" counts the pool writes
+        self.calls.append(("apply_pdb" if obj["kind"] == "PodDisruptionBudget" else "apply",
+                           meta["name"]))
         old = self.objects.get(key)
         if obj["kind"] == "Pod" and old is not None and old.get("spec") != obj.get("spec"):
             # as the API server answers: a pod's spec cannot be changed (but for a few fields)
@@ -248,6 +250,8 @@ class FakeView:
                 self.canaries.setdefault(key, {})[name] = copy.deepcopy(obj["metadata"])
                 continue
             if kind != "Deployment":  # a class resource's InferencePool, ConfigMap
+                continue
+            if kind == "PodDisruptionBudget":  # not watched
                 continue
             want = obj["spec"].get("replicas", 1)
             obj["status"] = {

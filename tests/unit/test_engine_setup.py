@@ -221,8 +221,9 @@ def test_engine_dying_at_start_up_gives_one_line_and_its_log(tmp_path: Path) -> 
     launch = next(json.loads(line) for line in p.stderr.splitlines()
                   if line.startswith("{") and '"launch"' in line)
     assert launch["argv"][0] == str(script)
-    assert launch["argv"][-5:] == ["--kv-cache-memory-bytes", str(256 * 2**20),
-                                   "--enforce-eager", "--host", "127.0.0.1"]
+    assert launch["argv"][-7:] == ["--kv-cache-memory-bytes", str(256 * 2**20),
+                                   "--enforce-eager", "--host", "127.0.0.1",
+                                   "--shutdown-timeout", "10"]  # vLLM's drain (issue 37)
     assert launch["env"]["VLLM_TARGET_DEVICE"] == "cpu"
 
 

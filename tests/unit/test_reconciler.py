@@ -320,9 +320,18 @@ async def test_a_spec_change_rolls_the_pools(cluster) -> None:
     body["metadata"]["generation"] = 2
     await rec.reconcile(KEY)
     assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 3, L40S: 3}
-    assert kube.reasons() == ["PoolCreated", "PoolUpdated"]  # one Event a reason, a pass
-    assert kube.events[-1][2] == f"pool {H100}: K=3 (override: numSpeculativeTokens set in " \
+    # one Event a reason, a pass; PoolRollout says how the pods are replaced (issue 37)
+    assert kube.reasons() == ["PoolCreated", "PoolUpdated", "PoolRollout"]
+    assert kube.events[-2][2] == f"pool {H100}: K=3 (override: numSpeculativeTokens set in " \
         f"the spec); pool {L40S}: K=3 (override: numSpeculativeTokens set in the spec)"
+    # one 8-GPU node a product, one 8-GPU replica a pool: no GPU left for a new pod first
+    rollout_message = kube.events[-1][2]
+    for product in (H100, L40S):
+        assert f"pool {product}: no spare slot on {product} (0 of 8 GPUs" in rollout_message
+    assert rollout_message.count("the pool is down until the new pod is Ready") == 2
+    for deploy in kube.deployments().values():
+        assert deploy["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0,
+                                                               "maxUnavailable": 1}
     assert kube.statuses[KEY]["observedGeneration"] == 2
 
 
@@ -489,3 +498,48 @@ def test_current_status_reads_a_watched_status_once_per_object(cluster, monkeypa
     assert reconciler.current_status(KEY, changed).phase == "Progressing" and len(calls) == 2
     reconciler.forget(KEY)
     assert reconciler.current_status(KEY, changed).phase == "Progressing" and len(calls) == 3
+
+
+async def test_a_rollout_surges_where_the_product_has_a_spare_slot() -> None:
+    """Issue 37: the H100 node has 16 GPUs and the pool takes 8 (one replica): its new pod
+    starts before the old one leaves; the L40S node has 8 (none spare): one at a time, and the
+    Event says so. Each pool gets a PodDisruptionBudget, written once while its minAvailable
+    stays (0 for one replica, 1 from two)."""
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100, gpus=16), node("l1", L40S)])
+    view.add(mtpinference("res", SPEC))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    budgets = {n: o for (kind, _, n), o in kube.objects.items() if kind == "PodDisruptionBudget"}
+    assert {n: b["spec"]["minAvailable"] for n, b in budgets.items()} == {
+        "res-h100-80gb-hbm3": 0, "res-l40s": 0}
+    for name, budget in budgets.items():
+        deploy = kube.objects[("Deployment", "ml", name)]
+        assert budget["spec"]["selector"] == deploy["spec"]["selector"]
+        assert budget["metadata"]["ownerReferences"] == deploy["metadata"]["ownerReferences"]
+    body = view.resources[KEY]
+    body["spec"] = {**SPEC, "speculative": {"numSpeculativeTokens": 3}}
+    body["metadata"]["generation"] = 2
+    await rec.reconcile(KEY)
+    deploys = kube.deployments()
+    assert deploys[H100]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1,
+                                                                  "maxUnavailable": 0}
+    assert deploys[L40S]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0,
+                                                                  "maxUnavailable": 1}
+    message = kube.events[-1][2]
+    assert kube.events[-1][1] == "PoolRollout"
+    assert f"pool {H100}: surge: a spare slot on {H100} (8 of 16 GPUs" in message
+    assert f"pool {L40S}: no spare slot on {L40S} (0 of 8 GPUs" in message
+    assert kube.count("apply_pdb") == 2  # not again: same minAvailable
+    view.deliver(kube, ready=True)
+    body["spec"] = {**SPEC, "speculative": {"numSpeculativeTokens": 3}, "replicas": 2}
+    body["metadata"]["generation"] = 3
+    await rec.reconcile(KEY)
+    budgets = {n: o for (kind, _, n), o in kube.objects.items() if kind == "PodDisruptionBudget"}
+    assert {n: b["spec"]["minAvailable"] for n, b in budgets.items()} == {
+        "res-h100-80gb-hbm3": 1, "res-l40s": 1}
+    assert kube.count("apply_pdb") == 4
+    # a scale rolls no pod: the strategies the rollouts began with are kept
+    deploys = kube.deployments()
+    assert deploys[H100]["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 1
+    assert deploys[L40S]["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0

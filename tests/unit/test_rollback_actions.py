@@ -77,6 +77,7 @@ async def test_a_firing_alert_steps_one_pool_down(serving) -> None:
     outcome = await actions.apply_signals([low_hit_rate()])
     assert (outcome.rolled_back, outcome.unchanged, outcome.unknown) == (1, 0, [])
     assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 5, L40S: 2}
+    # the pool and the status (its PodDisruptionBudget was written when it was made)
     assert kube.calls == [("apply", "res-h100-80gb-hbm3"), ("patch_status", "res")]
     status = kube.statuses[KEY]
     h100 = next(p for p in status["pools"] if p["gpuProduct"] == H100)
@@ -97,8 +98,10 @@ async def test_a_firing_alert_steps_one_pool_down(serving) -> None:
     ]
     rolled = next(c for c in status["conditions"] if c["type"] == "SpeculationRolledBack")
     assert rolled["status"] == "True"
-    # one Event for the pool's change: the rollback's (no PoolUpdated beside it)
-    assert [e[1] for e in kube.events] == ["SpeculationRolledBack"]
+    # one Event for the pool's change: the rollback's (no PoolUpdated beside it), and how
+    # its pods are replaced: one 8-GPU node, one 8-GPU replica, no spare slot (issue 37)
+    assert [e[1] for e in kube.events] == ["PoolRollout", "SpeculationRolledBack"]
+    assert kube.events[0][2].startswith(f"pool {H100}: no spare slot on {H100} (0 of 8 GPUs")
     assert kube.events[-1][1:] == (
         "SpeculationRolledBack",
         f"pool {H100}: K 6 -> 5 (MTPHitRateLow 0.6 < 0.88: stepped K down 6->5, via alertmanager)",
@@ -122,7 +125,8 @@ async def test_a_rollback_pass_writes_as_urgent_and_an_ordinary_one_does_not(
 
         monkeypatch.setattr(kube, name, spy)
     await actions.apply_signals([low_hit_rate()])
-    assert urgent == [("apply", True), ("patch_status", True), ("event", True)]
+    assert urgent == [("apply", True), ("event", True), ("patch_status", True),
+                      ("event", True)]  # the pool, PoolRollout, the status, the rollback's
     urgent.clear()
     view.deliver(kube, ready=True)
     view.add(mtpinference("res", {"model": "org/model", "tensorParallelSize": 8, "replicas": 2}))

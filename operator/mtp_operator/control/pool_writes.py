@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightkube import ApiError
 
-from mtp_operator import builders
+from mtp_operator import builders, rollout
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.api.v1alpha1 import MTPInferenceStatus, PoolStatus
 from mtp_operator.control.ports import Key, TransportError
@@ -37,7 +37,7 @@ from mtp_operator.events import (
     pool_updated,
 )
 from mtp_operator.model_cache import effective
-from mtp_operator.naming import ANNOTATION_SETTINGS_HASH
+from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_SETTINGS_HASH
 from mtp_operator.planning import PoolPlan
 from mtp_operator.reconcile_plan import Applied, PassPlan, product_of, resource_version
 from mtp_operator.status import observe_deployment, retained_entry
@@ -300,15 +300,78 @@ class PoolWrites:
         desired: Mapping[str, Any],
         replace_rv: str | None = None,
         urgent: bool = False,
+        budget: Mapping[str, Any] | None = None,
     ) -> None:
         async with self._in_turn(urgent):
             if replace_rv is not None:  # someone added fields: only a full replace removes them
                 out = await self.kube.replace(desired, replace_rv)
             else:
                 out = await self.kube.apply(desired)
+            if budget is not None:  # the pool's PodDisruptionBudget (rollout.min_available)
+                try:
+                    await self.kube.apply(budget)
+                except BaseException:  # written again with the pool's next write
+                    meta = budget["metadata"]
+                    self.__dict__.get("_pool_budgets", {}).pop(
+                        (meta["namespace"], meta["name"]), None)
+                    raise
         OPERATOR_METRICS.deployment_writes.inc()
         if resource_version(out):
             self._owner_slot(owner).pools[plan.key] = out
+
+    def _product_room(self, product: str) -> rollout.ProductRoom:
+        """`product`'s GPUs and what the operator's pools of every resource request there,
+        summed again at most once a second (a rollout of every pool asks for each)."""
+        rooms: dict[str, tuple[float, rollout.ProductRoom]] = self.__dict__.setdefault(
+            "_rollout_rooms", {})
+        now = time.monotonic()
+        hit = rooms.get(product)
+        if hit is not None and now - hit[0] < 1.0:
+            return hit[1]
+        pools = [
+            dep
+            for key in self.view.resource_keys()
+            for dep in self.view.pool_deployments(key).values()
+            if ((dep.get("metadata") or {}).get("annotations") or {}).get(
+                ANNOTATION_GPU_PRODUCT) == product
+        ]
+        room = rollout.product_room(product, self.view.gpu_nodes(), pools)
+        rooms[product] = (now, room)
+        return room
+
+    def _rollout_writes(
+        self,
+        writes: list[tuple[PoolPlan, tuple[Mapping[str, Any], str | None, tuple[str, str, str]]]],
+        observed_bodies: Mapping[str, Mapping[str, Any]],
+    ) -> tuple[list[tuple[Mapping[str, Any], Mapping[str, Any] | None]], dict[str, str]]:
+        """Per write: the Deployment with the strategy of its rollout, and the pool's
+        PodDisruptionBudget when this process has not written it with that minAvailable yet
+        (once per pool after a start, then when the replicas cross 2); the rollouts' Event
+        messages by pool (issue 37, rollout.surge_decision)."""
+        out: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []
+        notes: dict[str, str] = {}
+        budgets: dict[tuple[str, str], int] = self.__dict__.setdefault("_pool_budgets", {})
+        for pool, (obj, _rv, _event) in writes:
+            observed = observed_bodies.get(pool.key)
+            rolls = rollout.rolls_pods(obj, observed, ANNOTATION_SETTINGS_HASH)
+            replicas = obj["spec"]["replicas"]
+            if rolls:
+                decision = rollout.surge_decision(
+                    self._product_room(pool.gpu_product), rollout.pod_gpus(obj), replicas,
+                    bool(obj["spec"]["template"]["spec"].get("hostNetwork")))
+                obj = rollout.with_rolling_update(obj, decision.rolling_update)
+                notes[pool.key] = f"pool {pool.key}: {decision.message}"
+            elif (kept := rollout.observed_rolling_update(observed)) is not None:
+                obj = rollout.with_rolling_update(obj, kept)
+            meta = obj["metadata"]
+            name = (meta["namespace"], meta["name"])
+            wanted = rollout.min_available(replicas)
+            if budgets.get(name) == wanted:
+                out.append((obj, None))
+            else:  # remembered as written (forgotten again if the write fails)
+                budgets[name] = wanted
+                out.append((obj, builders.pool_disruption_budget(obj)))
+        return out, notes
 
     @staticmethod
     def _forget_our_pool(slot: Any, product: str) -> None:
@@ -349,10 +412,13 @@ class PoolWrites:
         ]
         if not writes:
             return
+        objects, rollouts = self._rollout_writes(writes, observed_bodies)
         results = await asyncio.gather(
             *(
-                self._write_pool(owner, pool, obj, rv, urgent=pool.key in announced)
-                for pool, (obj, rv, _event) in writes
+                self._write_pool(owner, pool, obj, rv, urgent=pool.key in announced,
+                                 budget=budget)
+                for (pool, (_obj, rv, _event)), (obj, budget) in zip(writes, objects,
+                                                                      strict=True)
             ),
             return_exceptions=True,
         )
@@ -364,6 +430,10 @@ class PoolWrites:
                 continue
             reason, message, type_ = event
             by_reason.setdefault((reason, type_), []).append(message)
+        for (pool, _write), result in zip(writes, results, strict=True):
+            if pool.key in rollouts and not isinstance(result, BaseException):
+                by_reason.setdefault((rollout.REASON_POOL_ROLLOUT, "Normal"), []).append(
+                    rollouts[pool.key])
         for (reason, type_), messages in by_reason.items():
             for message in pool_messages(messages):
                 await self.kube.event(owner, reason, message, type_)
