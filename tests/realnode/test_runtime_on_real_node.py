@@ -1,6 +1,6 @@
 """A real runtime pod: an MTPInference pool pinned to the sandbox's real node runs the CPU
 runtime image (`make images`, plus the tiny MTP model in one more layer), starts real vLLM,
-turns Ready through the readiness probe the operator sets (GET /health on `http`), serves
+turns Ready through the readiness probe the operator sets (GET /ready on `metrics`), serves
 completions, and the operator's built-in evaluator scrapes it.
 
 The real node stands in for a GPU node the way the operator sees one: a `nvidia.com/gpu.product`
@@ -54,7 +54,8 @@ def test_pool_on_the_real_node_runs_real_vllm(cpu_gpu_node, kubectl, namespace,
     (status,) = pod["status"]["containerStatuses"]
     assert status["ready"] and status["restartCount"] == 0, status
     probe = pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]
-    assert (probe["path"], probe["port"]) == ("/health", "http")
+    # the runtime's /ready (vLLM's /health while not draining, issue 37)
+    assert (probe["path"], probe["port"]) == ("/ready", "metrics")
 
     base = f"http://{pod['status']['podIP']}:{PORTS[0]}"
     with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:
