@@ -18,7 +18,7 @@ from typing import Any, Literal
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, PoolSource
 from mtp_operator.fit import Fit, ProductShape, decide, shape_of
 from mtp_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE, pool_key
-from mtp_runtime.gpu_profiles import KError, KRequest, resolve_k
+from mtp_runtime.gpu_profiles import KError, KRequest, bounded_schedule, resolve_k
 from mtp_runtime.problems import Problem, problems_text
 from mtp_runtime.vllm_command import ServeSettings, problems
 
@@ -342,6 +342,17 @@ def serve_settings(spec: MTPInferenceSpec, k: int) -> ServeSettings:
     )
 
 
+def _data_parallel(spec: MTPInferenceSpec) -> bool:
+    """VLLM_DP_SIZE > 1 in the pod's env (the DP flags are reserved in extraArgs)."""
+    for item in spec.env or []:
+        if isinstance(item, Mapping) and item.get("name") == "VLLM_DP_SIZE":
+            try:
+                return int(str(item.get("value", "1")).strip()) > 1
+            except ValueError:
+                return False
+    return False
+
+
 def plan_pool(
     spec: MTPInferenceSpec,
     product: str,
@@ -367,6 +378,13 @@ def plan_pool(
         serve = dataclasses.replace(
             serve, pipeline_parallel_size=fit.pipeline_parallel_size, nnodes=fit.nodes
         )
+    if resolution.schedule and not serve.batch_size_schedule and source != "tuned" \
+            and spec.speculative.tuning.mode == "Off" and not _data_parallel(spec):
+        # a measured profile's K per batch-size band (a rollback caps every band); a pool
+        # being tuned runs one K, which is what a tuning window can measure; vLLM 0.33 drops
+        # a schedule under data parallelism (validation.data_parallel_problems)
+        schedule = bounded_schedule(resolution.schedule, k, spec.speculative.mtp_layers)
+        serve = dataclasses.replace(serve, batch_size_schedule=schedule)
     serve_problems = problems(serve)
     if serve_problems:
         raise PlanError(serve_problems)

@@ -76,3 +76,11 @@ def test_the_spec_schedule_wins(measured_h100: None) -> None:
                                    "numSpeculativeTokens": 0}])
     assert plan_pool(own, "NVIDIA-H100-80GB-HBM3").serve.batch_size_schedule == ((1, 4, 1),
                                                                                   (5, 64, 0))
+
+
+def test_data_parallel_pools_run_one_k(measured_h100: None) -> None:
+    """vLLM 0.33 drops a schedule when data parallelism > 1: the profile's is not rendered."""
+    dp = MTPInferenceSpec.model_validate({"model": "org/m",
+                                         "env": [{"name": "VLLM_DP_SIZE", "value": "2"}]})
+    plan = plan_pool(dp, "NVIDIA-H100-80GB-HBM3")
+    assert plan.serve.batch_size_schedule == () and plan.serve.num_speculative_tokens == 3
