@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the sandbox's binaries from Go modules and caches them outside the clone, keyed by
 # version: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet
-# (k8s.io/kubernetes), etcd, kwok and helm. A warm run only checks the cache and returns in well under a second.
+# (k8s.io/kubernetes), etcd, kwok, helm and the LeaderWorkerSet controller (sigs.k8s.io/lws). A warm run only checks the cache and returns in well under a second.
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
@@ -10,6 +10,9 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 # the InferencePool CRD (traffic classes, issue 39): config/crd/bases of this module version
 GAIE_VERSION="${GAIE_VERSION:-v1.6.2}"
+# the LeaderWorkerSet controller (multi-node pools, issue 38): its manager binary (cmd/) and,
+# from the same module, its CRD and webhook configurations (config/crd/bases, config/webhook)
+LWS_VERSION="${LWS_VERSION:-v0.7.0}"
 # bumped when a binary's build flags change, so a warm cache from older flags is rebuilt
 HELM_BUILD="${HELM_VERSION}-kv"
 CACHE="${MTP_SANDBOX_CACHE:-$HOME/.cache/mtp-operator/sandbox}"
@@ -134,6 +137,23 @@ build_gaie() {
   rm -rf "$mod"
 }
 
+# sigs.k8s.io/lws: the manager (cmd/main.go) built under its own go.mod's requirements, its
+# CRD and its webhook manifests (with the patch that limits the pod webhooks to LWS pods)
+build_lws() {
+  local out=$1 version=$2 mod; mod=$(mktemp -d)
+  printf 'module mtp-operator.io/sandbox/lws\n\ngo 1.26.0\n\ntool sigs.k8s.io/lws/cmd\n' > "$mod/go.mod"
+  (cd "$mod" && go get "sigs.k8s.io/lws@$version" >&2 && go mod tidy >&2 &&
+     go build -trimpath -ldflags "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$version" \
+       -o "$out/lws-manager" sigs.k8s.io/lws/cmd)
+  local dir; dir=$(cd "$mod" && go list -m -f '{{.Dir}}' sigs.k8s.io/lws)
+  mkdir -p "$out/crds" "$out/webhook"
+  cp "$dir/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" "$out/crds/"
+  cp "$dir/config/webhook/manifests.yaml" "$dir/config/webhook/mutating-patch.yaml" \
+     "$dir/config/webhook/validating-patch.yaml" "$out/webhook/"
+  chmod -R u+w "$out/crds" "$out/webhook"
+  rm -rf "$mod"
+}
+
 mkdir -p "$CACHE/bin"
 TMPDIRS=() BEAT="" BUILDING="" BUILD_LOG=""
 on_exit() {
@@ -154,7 +174,8 @@ all_cached() {
     complete "$CACHE/bin/helm-$HELM_BUILD" helm &&
     complete "$CACHE/bin/kube-apiserver-$KUBE_VERSION" "${KUBE_BINS[@]}" &&
     complete "$CACHE/bin/kubelet-$KUBE_VERSION" kubelet &&
-    complete "$CACHE/bin/gaie-$GAIE_VERSION" crds
+    complete "$CACHE/bin/gaie-$GAIE_VERSION" crds &&
+    complete "$CACHE/bin/lws-$LWS_VERSION" lws-manager crds webhook
 }
 if ! all_cached; then
   exec 9>"$CACHE/build.lock"
@@ -167,6 +188,7 @@ build_cached helm "$HELM_BUILD" build_helm helm
 build_cached kube-apiserver "$KUBE_VERSION" build_kube "${KUBE_BINS[@]}"
 build_cached kubelet "$KUBE_VERSION" build_kube kubelet
 build_cached gaie "$GAIE_VERSION" build_gaie crds
+build_cached lws "$LWS_VERSION" build_lws lws-manager crds webhook
 # one directory of links, so callers need a single PATH entry
 mkdir -p "$CACHE/current"
 ln -sfn "$CACHE/bin/etcd-$ETCD_VERSION/etcd" "$CACHE/current/etcd"
@@ -178,5 +200,6 @@ for c in "${KUBE_BINS[@]}"; do
 done
 ln -sfn "$CACHE/bin/kubelet-$KUBE_VERSION/kubelet" "$CACHE/current/kubelet"
 ln -sfn "$CACHE/bin/gaie-$GAIE_VERSION/crds" "$CACHE/current/gaie-crds"
+ln -sfn "$CACHE/bin/lws-$LWS_VERSION" "$CACHE/current/lws"
 if (( SECONDS - total > 1 )); then log "all sandbox binaries ready in $((SECONDS - total)) s"; fi
 echo "$CACHE/current"
