@@ -36,6 +36,9 @@ class PoolConfig:
         data = asdict(self)
         if not data["serve"]["batch_size_schedule"]:  # absent unless set (same hash as before)
             del data["serve"]["batch_size_schedule"]
+        for name in ("pipeline_parallel_size", "nnodes"):  # likewise: one node, one stage
+            if data["serve"].get(name) == 1:
+                del data["serve"][name]
         if data["model_cache"] is None:
             del data["model_cache"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
