@@ -172,3 +172,24 @@ async def test_recommend_changes_nothing():
             assert "TuningRecommended" in c.kube.reasons()
     finally:
         c.stop()
+
+
+@pytest.mark.parametrize("mode", ["Recommend", "Auto"])
+async def test_a_window_that_changes_nothing_writes_no_status(mode):
+    """Issue 36: `tuning.updated` alone forced a status write per pool per window. A pool whose
+    windows bring nothing new (no pod answers: no measurement, the same reason) is written
+    once, when its entry first appears; `updated` stays the time of that change."""
+    c = Cluster(replicas=1, mode=mode)
+    await c.settle()
+    async with aiohttp.ClientSession() as session:
+        await c.tick(session, 0)
+        await c.tick(session, 10)  # the first window: the entry appears
+        c.view.deliver(c.kube, ready=True)
+        first = c.pool()["tuning"]
+        writes = c.kube.count("patch_status")
+        for window in range(2, 6):
+            await c.tick(session, 10 * window)
+            c.view.deliver(c.kube, ready=True)
+        assert c.kube.count("patch_status") == writes  # four windows, no write
+        assert c.pool()["tuning"] == first
+        assert first["updated"] == "2026-12-01T08:00:10Z"

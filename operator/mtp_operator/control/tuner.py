@@ -30,7 +30,13 @@ from mtp_operator.tuning.estimator import Measurement, measure
 from mtp_operator.tuning.priors import prior_for
 from mtp_operator.tuning.schedule import recommend_schedule
 from mtp_operator.tuning.settings import policy_for
-from mtp_operator.tuning.state import guard_from, published, trial_from, tuning_modes
+from mtp_operator.tuning.state import (
+    guard_from,
+    published,
+    stamped,
+    trial_from,
+    tuning_modes,
+)
 from mtp_operator.validation import spec_problems
 from mtp_runtime.exposition import ParseError
 from mtp_runtime.vllm_command import DEFAULT_PORT
@@ -97,6 +103,8 @@ class Tuner:
                 pool_spec = specs.get(pool.traffic_class or "", spec)
                 if pool_spec.speculative.tuning.mode == "Off":
                     continue
+                if (pool.nodes_per_replica or 1) > 1:
+                    continue  # a LeaderWorkerSet pool: left alone, its status says why
                 product = pool.key  # the pool key: `product/class` for a class pool
                 ref = (key[0], key[1], product)
                 seen.add(ref)
@@ -190,6 +198,7 @@ class Tuner:
                            "models whose per-request state grows with K", "Warning"))
         entry = published(policy.mode, d, mem.table, trial, history, tuned_k, generation, now,
                           recommend_schedule(mem.table), cap)
+        entry = stamped(entry, tuning)  # unchanged but for the time: no status write
         slot = self.reconciler.slot(key)
         async with slot.lock:
             # one reconcile pass folds the entry into status (the one status writer), plans

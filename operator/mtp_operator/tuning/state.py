@@ -53,6 +53,17 @@ def with_tuning(
     return status.model_copy(update={"pools": pools})
 
 
+def stamped(entry: PoolTuningStatus, previous: PoolTuningStatus | None) -> PoolTuningStatus:
+    """`entry` with `updated` kept from `previous` when nothing else in it changed: a window
+    that changes nothing makes no status write (issue 36); `updated` says when the entry last
+    changed."""
+    if previous is None or previous.updated is None:
+        return entry
+    if entry.model_copy(update={"updated": None}) != previous.model_copy(update={"updated": None}):
+        return entry
+    return entry.model_copy(update={"updated": previous.updated})
+
+
 def tuning_modes(spec: MTPInferenceSpec) -> set[str]:
     """The tuning modes the resource's pools run: the resource's, or with classes each
     class's own (else the resource's)."""
@@ -105,6 +116,8 @@ def canary_plans(
     if spec.replicas < 2:
         return out
     for plan in plans:
+        if plan.nodes > 1:  # a multi-node pool is not tuned (reconcile_plan.multi_node_tuning)
+            continue
         k = canary_k(tuning.get(plan.gpu_product))
         if k is None or k == plan.k or rollback_k(plan.gpu_product) is not None:
             continue  # a rolled-back pool runs no canary: rollback wins over tuning
