@@ -238,6 +238,8 @@ def main() -> int:
                     help="the level run at every concurrency and at the largest batch")
     ap.add_argument("--side-concurrency", default="1,16",
                     help="the concurrencies of the other levels")
+    ap.add_argument("--side-ks", default="",
+                    help="the K that run the other levels (default: every K >= 1)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--min-requests", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=1024)
@@ -302,7 +304,8 @@ def main() -> int:
                 drive(conc, conc, 16, seed=99)
             side = [int(x) for x in args.side_concurrency.split(",") if x]
             order = [(args.reference, concs)]
-            if k > 0:
+            side_ks = {int(x) for x in args.side_ks.split(",") if x}
+            if k > 0 and (not side_ks or k in side_ks):
                 order += [(p, side) for p in levels if p != args.reference]
                 if args.cost_level >= 0:
                     order.append((args.cost_level, side))
