@@ -379,6 +379,31 @@ class PoolWrites:
         memo entry that compared against it: when the watched copy brings no news, no pass
         replaces that entry, and it would keep the returned spec, a second copy of the pool
         (~10 KB), for as long as the pool is unchanged."""
+    def _canaries_taking_a_replica(self, key: Key, plan: PassPlan) -> frozenset[str]:
+        """The pools (keys) whose tuning canary takes one of their replicas
+        (builders.desired_objects): those whose product has no spare slot for the canary with
+        the pool at full size. With one, the canary runs beside the full pool and the trial
+        costs no capacity (issue 37). The pool is counted at its full size whatever its
+        Deployment has now, so the choice does not flip once the pool has given a replica up.
+        Canary pods themselves are not counted (neither are other workloads' pods)."""
+        spec = plan.spec
+        if spec is None or not plan.canaries:
+            return frozenset(plan.canaries)
+        observed = self.view.pool_deployments(key)
+        out = set()
+        for pool_key, canary in plan.canaries.items():
+            room = self._product_room(canary.gpu_product)
+            dep = observed.get(pool_key)
+            now = rollout.requested_gpus(dep) if dep is not None else 0
+            full = spec.replicas * spec.tensor_parallel_size
+            room = rollout.ProductRoom(room.product, room.allocatable_gpus,
+                                       room.requested_gpus - now + full, room.largest_node_gpus)
+            decision = rollout.surge_decision(room, spec.tensor_parallel_size, 1,
+                                              spec.host_network)
+            if not decision.surge:
+                out.add(pool_key)
+        return frozenset(out)
+
         ours = slot.pools.pop(product)
         memo = slot.drift_memo.get(product)
         if memo is not None and memo[1] is ours.get("spec"):
