@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mtp_operator.lws import as_deployment_shape, group_size, is_leaderworkerset, worker_template
 from mtp_operator.naming import ANNOTATION_COMMAND, ANNOTATION_SETTINGS_HASH, GPU_RESOURCE
 from mtp_runtime.pool_config import ENV_VAR
 
@@ -50,10 +51,19 @@ def annotations_read(
     return tuple(annotations.get(k) for k in keys)
 
 
-def _view(deploy: Mapping[str, Any]) -> dict[str, Any]:
+def _view(pool: Mapping[str, Any]) -> dict[str, Any]:
+    deploy = as_deployment_shape(pool)  # a LeaderWorkerSet: its groups and leader template
     container = _get(deploy, "spec", "template", "spec", "containers", 0)
     settings_hash, command = annotations_read(deploy)
+    worker = worker_template(pool)
     return {
+        # a pool that becomes (or stops being) a LeaderWorkerSet is written as the new kind
+        # and the old object deleted, as for a new name
+        "pool kind": "LeaderWorkerSet" if is_leaderworkerset(pool) else "Deployment",
+        "group size": group_size(pool),
+        "worker pod template settings-hash": _get(
+            worker, "metadata", "annotations", ANNOTATION_SETTINGS_HASH),
+        "worker command": _get(worker, "spec", "containers", 0, "command"),
         # a pool whose name changed (an upgrade that names it otherwise) is written under
         # its new name, and the old Deployment deleted (control/pool_writes.py, issue 36)
         "name": _get(deploy, "metadata", "name"),
@@ -77,6 +87,7 @@ def _env_drifted(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> boo
     dropped); `valueFrom` entries only by presence, as the server fills in their defaults.
     Entries someone else added are not ours to judge."""
     path = ("spec", "template", "spec", "containers", 0, "env")
+    desired, observed = as_deployment_shape(desired), as_deployment_shape(observed)
     have = {e.get("name"): e for e in _get(observed, *path) or []}
     for entry in _get(desired, *path) or []:
         name = entry.get("name")
@@ -134,9 +145,13 @@ def _names(items: Any, key: str = "name") -> list[str]:
 
 def added_fields(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
     """Fields someone added to the pool's spec or pod template that the operator never sets,
-    as `added <path>` entries; empty when nothing was added."""
-    out = [f"spec.{k}" for k in _extra_keys(desired.get("spec"), observed.get("spec"),
-                                            _DEPLOYMENT_DEFAULTS)]
+    as `added <path>` entries; empty when nothing was added. Of a LeaderWorkerSet, the
+    leader's pod template (its spec is the LWS webhook's to default)."""
+    out = []
+    if not is_leaderworkerset(desired):
+        out += [f"spec.{k}" for k in _extra_keys(desired.get("spec"), observed.get("spec"),
+                                                 _DEPLOYMENT_DEFAULTS)]
+    desired, observed = as_deployment_shape(desired), as_deployment_shape(observed)
     want_pod = _get(desired, "spec", "template", "spec") or {}
     have_pod = _get(observed, "spec", "template", "spec") or {}
     listed = ("containers", "initContainers", "ephemeralContainers", "volumes")  # by name below

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from mtp_operator import conditions as c
 from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import Condition, MTPInferenceStatus, PoolStatus
+from mtp_operator.lws import is_leaderworkerset, observe_leaderworkerset
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
     ANNOTATION_GPU_PRODUCT,
@@ -38,6 +39,9 @@ class ObservedPool:
 
 
 def observe_deployment(body: Mapping[str, Any]) -> ObservedPool:
+    """A pool's counts: a Deployment's replicas, or a LeaderWorkerSet's groups."""
+    if is_leaderworkerset(body):
+        return ObservedPool(*observe_leaderworkerset(body))
     spec, st = body.get("spec") or {}, body.get("status") or {}
     desired = int(spec.get("replicas", 1))
     generation = (body.get("metadata") or {}).get("generation", 0)

@@ -66,9 +66,11 @@ def test_printer_columns() -> None:
         ("Ready", "string", ".status.ready"),
         ("Phase", "string", ".status.phase"),
         ("Age", "date", ".metadata.creationTimestamp"),
+        ("Fit", "string", ".status.fitSummary"),  # -o wide (priority 1)
     ]
+    assert [c["name"] for c in cols if c.get("priority")] == ["Fit"]
     # every column points at a field the schema has
-    for col in cols[:-1]:
+    for col in cols[:-2] + cols[-1:]:
         _, part, field = col["jsonPath"].split(".")
         assert field in ROOT["properties"][part]["properties"], col
 

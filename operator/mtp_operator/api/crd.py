@@ -297,6 +297,14 @@ PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Fit",
+        "type": "string",
+        "jsonPath": ".status.fitSummary",
+        "priority": 1,
+        "description": "Nodes per replica by GPU product (spec.fit): above 1 a LeaderWorkerSet "
+        "pool of groups, `no` no pool",
+    },
 ]
 
 
