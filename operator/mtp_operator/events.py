@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from mtp_operator.api.v1alpha1 import MTPInferenceStatus, RollbackRecord
 from mtp_operator.conditions import REASON_INVALID_SPEC, REASON_NO_FITTING_NODES
+from mtp_operator.naming import pool_key
 from mtp_operator.planning import PoolPlan
 
 REASON_POOL_CREATED = "PoolCreated"
@@ -70,9 +71,14 @@ def manual_change_reverted(product: str, changed: Iterable[str]) -> str:
     )
 
 
+def _pool(record: RollbackRecord) -> str:
+    """The pool a rollback record is of: its product, `product/class` for a class pool."""
+    return pool_key(record.gpu_product, record.traffic_class)
+
+
 def speculation_rolled_back(record: RollbackRecord) -> str:
     return (
-        f"pool {record.gpu_product}: K {record.from_k} -> {record.to_k} ({record.reason},"
+        f"pool {_pool(record)}: K {record.from_k} -> {record.to_k} ({record.reason},"
         f" via {record.via})"
     )
 
@@ -84,7 +90,7 @@ def speculation_rolled_back_steps(records: Sequence[RollbackRecord]) -> str:
         return speculation_rolled_back(records[0])
     first, last = records[0], records[-1]
     return (
-        f"pool {first.gpu_product}: K {first.from_k} -> {last.to_k} in {len(records)} steps"
+        f"pool {_pool(first)}: K {first.from_k} -> {last.to_k} in {len(records)} steps"
         f" (last: {last.reason}, via {last.via}; each step in status.rollbacks)"
     )
 

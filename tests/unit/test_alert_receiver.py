@@ -316,6 +316,26 @@ def test_impossible_values_are_ignored_and_counted(value: str) -> None:
     assert [s.value for s in edge.signals] == [0.0, 1.0] and not edge.ignored
 
 
+def test_a_class_label_names_the_class_pool() -> None:
+    # the rules keep class pools apart by `traffic_class` (the relabelled pod label
+    # mtp-operator.io/traffic-class); the alert's pool is then `product/class`, the key the
+    # evaluator and the status use. Empty is Prometheus's "no label": the unclassed pool.
+    parsed = parse_webhook(json.dumps(payload(
+        alert(fingerprint="a", traffic_class="long"),
+        alert(fingerprint="b", traffic_class=""),
+        alert(fingerprint="c"),
+    )).encode())
+    assert [s.target for s in parsed.signals] == [
+        PoolRef("ml", "dsv3", f"{H100}/long"), PoolRef("ml", "dsv3", H100),
+        PoolRef("ml", "dsv3", H100),
+    ]
+    assert not parsed.ignored
+    # a class alone names no pool: ignored as before
+    no_product = alert(fingerprint="d", gpu="", traffic_class="long")
+    assert parse_webhook(json.dumps(payload(no_product)).encode()).ignored == {
+        "missing_labels": 1}
+
+
 def test_parse_webhook_errors_are_payload_errors() -> None:
     with pytest.raises(PayloadError, match="malformed JSON"):
         parse_webhook(b"")

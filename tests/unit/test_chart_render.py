@@ -317,6 +317,7 @@ def test_pod_monitor_matches_the_pool_pods_and_label_contract() -> None:
         "namespace": "__meta_kubernetes_namespace",
         "mtpinference": _relabel_source(naming.LABEL_RESOURCE),
         "gpu_product": _relabel_source(naming.LABEL_GPU_PRODUCT),
+        "traffic_class": _relabel_source(naming.LABEL_TRAFFIC_CLASS),
     }
     for endpoint in endpoints:
         got = {r["targetLabel"]: r["sourceLabels"][0] for r in endpoint["relabelings"]}

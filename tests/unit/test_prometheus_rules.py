@@ -52,7 +52,7 @@ def test_alerts_carry_contract_labels_and_annotations() -> None:
         assert rule["for"] == "5m"
         assert rule["labels"]["severity"] == "warning"
         assert {"summary", "description", "value", "threshold"} <= set(rule["annotations"])
-        assert "on (namespace, mtpinference, gpu_product)" in rule["expr"]
+        assert "on (namespace, mtpinference, gpu_product, traffic_class)" in rule["expr"]
 
 
 # ---- promtool test rules --------------------------------------------------------------------
@@ -66,6 +66,7 @@ def _pool_series(
     gpu: str = H100,
     pod: str = "p0",
     start: float = 0.0,
+    traffic_class: str | None = None,
 ) -> list[dict[str, str]]:
     """Input series of one vLLM pod whose counters grow by (D, T, A, c) every minute."""
     d, t, a, c = per_minute
@@ -73,6 +74,8 @@ def _pool_series(
         f'namespace="{NS}", mtpinference="{mtpinference}", gpu_product="{gpu}", '
         f'pod="{pod}", engine="0", model_name="m"'
     )
+    if traffic_class is not None:
+        labels += f', traffic_class="{traffic_class}"'
 
     def series(metric: str, step: float, extra: str = "") -> dict[str, str]:
         return {
@@ -180,20 +183,25 @@ def test_recording_rules_over_five_minutes(tmp_path: Path) -> None:
     )
 
 
-def _alert(name: str, value: str, threshold: str, mtpinference: str = MTPI) -> dict[str, object]:
+def _alert(
+    name: str, value: str, threshold: str, mtpinference: str = MTPI,
+    traffic_class: str | None = None,
+) -> dict[str, object]:
     doc = yaml.safe_load(rules.render_rules(window="2m", for_="5m"))
     rule = next(r for r in doc["groups"][0]["rules"] if r.get("alert") == name)
-    pool = f"{NS}/{mtpinference} pool {H100}"
+    # the pool as the operator names it: `product`, or `product/class` for a class pool
+    pool = f"{NS}/{mtpinference} pool {H100}" + (f"/{traffic_class}" if traffic_class else "")
     summary = rule["annotations"]["summary"].replace(
-        "{{ $labels.namespace }}/{{ $labels.mtpinference }} pool {{ $labels.gpu_product }}", pool
+        "{{ $labels.namespace }}/{{ $labels.mtpinference }} pool {{ $labels.gpu_product }}"
+        "{{ with $labels.traffic_class }}/{{ . }}{{ end }}",
+        pool,
     )
+    labels = {"severity": "warning", "namespace": NS, "mtpinference": mtpinference,
+              "gpu_product": H100}
+    if traffic_class:
+        labels["traffic_class"] = traffic_class
     return {
-        "exp_labels": {
-            "severity": "warning",
-            "namespace": NS,
-            "mtpinference": mtpinference,
-            "gpu_product": H100,
-        },
+        "exp_labels": labels,
         "exp_annotations": {
             "summary": summary,
             "description": rule["annotations"]["description"].replace(
@@ -285,6 +293,47 @@ def test_alerts_fire_only_when_they_should(tmp_path: Path) -> None:
                 "alert_rule_test": alerts,
             }
         ],
+    )
+
+
+def test_class_pools_of_one_product_are_two_pools(tmp_path: Path) -> None:
+    # traffic classes (issue 39): two class pools on one GPU product, told apart only by
+    # `traffic_class` (the PodMonitor relabels mtp-operator.io/traffic-class to it). Each has
+    # its own figures and its own alert; summed together (rules by gpu_product alone) the
+    # hit rate would be (95+70)/200 = 0.825 and the alert would name no pool the operator has.
+    series = (
+        # short: K=4, hit rate 0.95, healthy
+        _pool_series((100, 400, 300, (95, 85, 60, 60)), pod="s", traffic_class="short")
+        # long: K=2, hit rate 0.7 → MTPHitRateLow for H100/long only
+        + _pool_series((100, 200, 120, (70, 50)), pod="l", traffic_class="long")
+    )
+
+    def sample(name: str, value: float, traffic_class: str) -> dict[str, object]:
+        labels = (f'gpu_product="{H100}", mtpinference="{MTPI}", namespace="{NS}", '
+                  f'traffic_class="{traffic_class}"')
+        return {"labels": f"{name}{{{labels}}}", "value": value}
+
+    exprs = [
+        {"expr": rules.R_HIT_RATE, "eval_time": "10m",
+         "exp_samples": [sample(rules.R_HIT_RATE, 0.95, "short"),
+                         sample(rules.R_HIT_RATE, 0.7, "long")]},
+        {"expr": rules.R_K, "eval_time": "10m",
+         "exp_samples": [sample(rules.R_K, 4, "short"), sample(rules.R_K, 2, "long")]},
+        # per class: (400-100-300+60)/400 and (200-100-120+50)/200
+        {"expr": rules.R_ERROR_PROPAGATION, "eval_time": "10m",
+         "exp_samples": [sample(rules.R_ERROR_PROPAGATION, 60 / 400, "short"),
+                         sample(rules.R_ERROR_PROPAGATION, 30 / 200, "long")]},
+    ]
+    alerts = [
+        {"alertname": "MTPHitRateLow", "eval_time": "10m",
+         "exp_alerts": [_alert("MTPHitRateLow", "70%", "0.88", traffic_class="long")]},
+        {"alertname": "MTPErrorPropagationHigh", "eval_time": "10m", "exp_alerts": []},
+    ]
+    _run_promtool_test(
+        tmp_path,
+        rules.render_rules(window="2m", for_="5m"),
+        [{"interval": "1m", "input_series": series, "promql_expr_test": exprs,
+          "alert_rule_test": alerts}],
     )
 
 

@@ -473,3 +473,79 @@ async def test_one_resource_whose_state_cannot_be_read_does_not_fail_the_request
     ]
     ks = {name: k_of(o) for (kind, _, name), o in kube.objects.items() if kind == "Deployment"}
     assert ks == {"res-h100-80gb-hbm3": 6, "other-h100-80gb-hbm3": 5}
+
+
+# Traffic classes (issue 39): an alert names a class pool by `traffic_class` beside
+# `gpu_product`, as the shipped rules (grouped by both) and the PodMonitor's relabelling give it.
+CLASSES = {"speculative": {"classes": [
+    {"name": "short", "promptTokens": {"max": 127}, "numSpeculativeTokens": 4},
+    {"name": "long", "promptTokens": {"min": 128}, "numSpeculativeTokens": 2},
+]}}
+
+
+def webhook_signals(*labels: dict[str, str]) -> list[AlertSignal]:
+    """Alertmanager's body for firing MTPHitRateLow alerts (hit rate 0.6) with these pool
+    labels, through the receiver's parser."""
+    from mtp_operator.rollback.alertmanager import parse_webhook
+
+    body = {"version": "4", "alerts": [
+        {"status": "firing", "fingerprint": str(i),
+         "labels": {"alertname": "MTPHitRateLow", "namespace": "ml", "mtpinference": "res", **x},
+         "annotations": {"value": "0.6", "threshold": "0.88"}}
+        for i, x in enumerate(labels)
+    ]}
+    parsed = parse_webhook(json.dumps(body).encode())
+    assert not parsed.ignored
+    return parsed.signals
+
+
+async def test_an_alert_with_a_class_label_rolls_back_that_class_pool_only() -> None:
+    kube, _view, actions, _clock = await rolled_out([H100, L40S], CLASSES)
+    pools = {f"{p}/{c}" for p in (H100, L40S) for c in ("short", "long")}
+    before = {p: k_of(d) for p, d in kube.deployments().items()}
+    assert before == {p: 4 if p.endswith("/short") else 2 for p in pools}
+    outcome = await actions.apply_signals(
+        webhook_signals({"gpu_product": H100, "traffic_class": "long"})
+    )
+    assert (outcome.rolled_back, outcome.unchanged, outcome.unknown) == (1, 0, [])
+    assert {p: k_of(d) for p, d in kube.deployments().items()} == {**before, f"{H100}/long": 1}
+    (rec,) = kube.statuses[KEY]["rollbacks"]
+    assert (rec["gpuProduct"], rec.get("trafficClass"), rec["fromK"], rec["toK"]) == (
+        H100, "long", 2, 1)
+    pool = next(p for p in kube.statuses[KEY]["pools"]
+                if (p["gpuProduct"], p.get("trafficClass")) == (H100, "long"))
+    assert pool["rollbackK"] == 1
+    assert kube.events[-1][1:] == (
+        "SpeculationRolledBack",
+        f"pool {H100}/long: K 2 -> 1 (MTPHitRateLow 0.6 < 0.88: stepped K down 2->1, "
+        "via alertmanager)",
+        "Warning",
+    )
+
+
+async def test_a_class_pools_alert_without_its_class_names_no_pool() -> None:
+    # rules that do not keep classes apart sum every class pool of the product into one
+    # series: such an alert names no pool (the resource has no unclassed pool) and rolls
+    # nothing back; nor does a class the resource does not have
+    kube, _view, actions, _clock = await rolled_out([H100], CLASSES)
+    outcome = await actions.apply_signals(webhook_signals(
+        {"gpu_product": H100}, {"gpu_product": H100, "traffic_class": "mid"}))
+    assert (outcome.rolled_back, outcome.unchanged) == (0, 0)
+    assert sorted(outcome.unknown) == [f"ml/res/{H100}", f"ml/res/{H100}/mid"]
+    assert kube.calls == [] and kube.events == []
+
+
+async def test_a_cut_product_label_and_a_class_name_the_class_pool() -> None:
+    # a GPU product over 63 characters is cut and hashed in the pods' label (so in the
+    # alert); with a class the alert still finds its pool
+    from mtp_operator.naming import label_value
+
+    product = "NVIDIA-" + "X" * 80
+    kube, _view, actions, _clock = await rolled_out([product], CLASSES)
+    assert label_value(product) != product
+    outcome = await actions.apply_signals(
+        webhook_signals({"gpu_product": label_value(product), "traffic_class": "short"})
+    )
+    assert (outcome.rolled_back, outcome.unknown) == (1, [])
+    assert {p: k_of(d) for p, d in kube.deployments().items()} == {
+        f"{product}/short": 3, f"{product}/long": 2}

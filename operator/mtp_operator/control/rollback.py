@@ -229,8 +229,10 @@ class RollbackActions:
         # a pool's state after this batch's earlier signals: status carries the rollback
         # fields but not the K the pass will roll to, so the next signal starts from here
         states: dict[str, PoolRollbackState] = {}
+        # a product label cut and hashed (naming.label_value) names its pool as the pods'
+        # label does: `label/class` for a class pool
         by_label = {
-            label_value(p.gpu_product): p.gpu_product
+            pool_key(label_value(p.gpu_product), p.traffic_class): p.key
             for p in status.pools
             if label_value(p.gpu_product) != p.gpu_product
         }

@@ -1,8 +1,9 @@
 """Alertmanager webhook payloads (version 4) → AlertSignals. Pure: bytes in, signals out.
 
-An alert names its pool with the labels `namespace`, `mtpinference`, `gpu_product` and its
-kind with `alertname`. Its value is the annotation `value` (the shipped rules set it to
-`{{ $value }}`), else a label `value`; the threshold likewise (`threshold`). A value that is
+An alert names its pool with the labels `namespace`, `mtpinference`, `gpu_product` (and, for
+a traffic class pool, `traffic_class`: the pool `product/class`), its kind with `alertname`.
+Its value is the annotation `value` (the shipped rules set it to `{{ $value }}`), else a
+label `value`; the threshold likewise (`threshold`). A value that is
 missing or not a number is "no data", which the policy never acts on; a firing alert whose
 value is NaN, infinite or outside [0, 1] (no hit rate or error-propagation rate can be) is
 ignored and counted (`impossible_value`).
@@ -29,7 +30,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .signals import ROLLBACK_ALERTS, TARGET_LABELS, AlertSignal, PoolRef
+from ..naming import pool_key
+from .signals import (
+    CLASS_LABEL,
+    POOL_LABELS,
+    ROLLBACK_ALERTS,
+    TARGET_LABELS,
+    AlertSignal,
+    PoolRef,
+)
 
 # Alertmanager writes this for "no end yet".
 _ZERO_TIME_YEAR = 1
@@ -46,7 +55,7 @@ class TooManyAlerts(PayloadError):
         super().__init__(
             f"body has {count} alerts, over the limit of {limit} a request; set "
             f"`max_alerts: {limit}` (or less) in Alertmanager's webhook_config, or group the "
-            "route by pool (group_by: [namespace, mtpinference, gpu_product, alertname])"
+            f"route by pool (group_by: [{', '.join(POOL_LABELS)}, alertname])"
         )
         self.count, self.limit = count, limit
 
@@ -161,6 +170,8 @@ def parse_webhook(
         if not all(target):
             out.ignored["missing_labels"] += 1
             continue
+        # a class pool's key; an empty class label is Prometheus's way of having none
+        target[2] = pool_key(target[2], alert.labels.get(CLASS_LABEL) or None)
         value = _number(alert, "value")
         if alert.status == "firing" and value is not None and not 0.0 <= value <= 1.0:
             # NaN, ±Inf or a ratio outside [0, 1]: no figure the rules can produce

@@ -1,7 +1,7 @@
 """The signal both alert sources produce: an Alertmanager webhook alert or a built-in evaluation.
 
-The three target labels are the contract between the pods' labels (relabelled by Prometheus),
-the shipped rules, Alertmanager and the operator.
+The three target labels, and the class label of a traffic class pool, are the contract between
+the pods' labels (relabelled by Prometheus), the shipped rules, Alertmanager and the operator.
 """
 
 from __future__ import annotations
@@ -17,6 +17,12 @@ ROLLBACK_ALERTS = frozenset({HIT_RATE_LOW, ERROR_PROPAGATION_HIGH})
 
 # Labels every rollback alert must carry to name its pool.
 TARGET_LABELS = ("namespace", "mtpinference", "gpu_product")
+# The pool's traffic class (spec.speculative.classes; the pod label mtp-operator.io/traffic-
+# class, relabelled): absent or empty for a pool without classes. A class pool's alert needs
+# it: its pool is `product/class` (naming.pool_key), and the rules keep classes apart by it.
+CLASS_LABEL = "traffic_class"
+# What the rules aggregate by: one series per pool.
+POOL_LABELS = (*TARGET_LABELS, CLASS_LABEL)
 
 AlertStatus = Literal["firing", "resolved"]
 Via = Literal["alertmanager", "evaluator"]
@@ -24,7 +30,8 @@ Via = Literal["alertmanager", "evaluator"]
 
 @dataclass(frozen=True)
 class PoolRef:
-    """One GPU pool of one MTPInference."""
+    """One GPU pool of one MTPInference. `gpu_product` is the pool key: the product, or
+    `product/class` for a traffic class pool (naming.pool_key)."""
 
     namespace: str
     mtpinference: str
