@@ -1,1 +1,6 @@
-from support.cluster_fixtures import crd_installed, operator, start_operator  # noqa: F401
+from support.cluster_fixtures import (  # noqa: F401
+    crd_installed,
+    lws_controller,
+    operator,
+    start_operator,
+)

@@ -37,6 +37,22 @@ def crd_installed(kubectl) -> None:
     wait_crd_established(kubectl)
 
 
+@pytest.fixture(scope="session")
+def lws_controller(sandbox) -> Iterator[object]:
+    """The LeaderWorkerSet controller (sigs.k8s.io/lws, tests/sandbox/lws_controller.py) with its
+    CRD and webhooks, for the session; the CRD stays, the webhook configurations go with it."""
+    from lws_controller import LwsController
+
+    ctl = LwsController(sandbox)
+    assert (ctl.home / "lws-manager").is_file(), \
+        f"{ctl.home}/lws-manager missing: run tests/sandbox/build.sh (make setup)"
+    ctl.start()
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
+
+
 @pytest.fixture
 def start_operator(kubeconfig, crd_installed, tmp_path) -> Iterator[Callable[..., OperatorProcess]]:
     """start_operator(*args) → a running OperatorProcess; all are stopped after the test."""
