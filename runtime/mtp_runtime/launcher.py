@@ -157,7 +157,7 @@ def run_child(
             proc.send_signal(signum)
         if on_start is not None:
             on_start(proc)
-        returncode = proc.wait()  # PEP 475: retried after our handler runs
+        returncode = _wait(proc)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
@@ -167,6 +167,18 @@ def run_child(
         if tail is not None:
             tail.join()
     return exit_status(returncode)
+
+
+def _wait(proc: subprocess.Popen[bytes], step_s: float = 0.5) -> int:
+    """proc.wait(), in steps: a signal that the kernel hands to another of our threads (the
+    exporter's, the log pumps') does not interrupt a wait without a timeout in the main
+    thread, and Python runs signal handlers only there, so SIGTERM could wait for vLLM's exit
+    (seen as a drain that never began, issue 37). Waiting in steps runs them within one."""
+    while True:
+        try:
+            return proc.wait(timeout=step_s)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def vllm_binary_override(argv: list[str]) -> list[str]:

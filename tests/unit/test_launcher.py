@@ -235,7 +235,7 @@ def poll(fn, what: str, proc: subprocess.Popen[str], timeout: float = 20):
 def test_sigterm_drains_before_vllm_is_stopped(setup) -> None:
     """SIGTERM: /ready turns 503 at once, vLLM keeps running while it reports a running
     request, and gets SIGTERM (with --shutdown-timeout on its command line) once idle."""
-    tmp, cfg, env, _ = setup
+    tmp, cfg, env, port = setup
     env["FAKE_VLLM_MODE"] = "serve"
     exporter_port = free_port()
     ready_url = f"http://127.0.0.1:{exporter_port}/ready"
@@ -245,10 +245,14 @@ def test_sigterm_drains_before_vllm_is_stopped(setup) -> None:
         wait_for(tmp / "vllm.ready", proc)
         assert poll(lambda: http_get(ready_url)[0] == 200, "Ready", proc)
         (tmp / "vllm.busy").touch()  # the fake reports one running request
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        assert poll(lambda: "vllm:num_requests_running{" in http_get(metrics)[1] and any(
+            line.startswith("vllm:num_requests_running{") and line.endswith(" 1.0")
+            for line in http_get(metrics)[1].splitlines()), "busy", proc)
         proc.send_signal(signal.SIGTERM)
         assert poll(lambda: http_get(ready_url) == (503, "draining\n"), "draining", proc)
         marker = tmp / "state" / "draining"
-        assert marker.exists()
+        assert poll(marker.exists, "marked draining", proc)  # by the drain's thread
         # still busy: the drain cannot have ended (its timeout is 120 s), vLLM not signalled
         assert not (tmp / "vllm.signal").exists() and proc.poll() is None
         (tmp / "vllm.busy").unlink()
