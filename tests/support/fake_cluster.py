@@ -98,7 +98,7 @@ class FakeKube:
             raise err
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        self._maybe_fail("apply")
+        self._maybe_fail("apply_pdb" if obj["kind"] == "PodDisruptionBudget" else "apply")
         meta = obj["metadata"]
         key = (obj["kind"], meta.get("namespace", ""), meta["name"])
         # a pool's PodDisruptionBudget is counted apart: "apply" counts the pool writes

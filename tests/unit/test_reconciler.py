@@ -543,3 +543,25 @@ async def test_a_rollout_surges_where_the_product_has_a_spare_slot() -> None:
     deploys = kube.deployments()
     assert deploys[H100]["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 1
     assert deploys[L40S]["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
+async def test_a_refused_disruption_budget_does_not_fail_the_pool_write(cluster) -> None:
+    """An install whose RBAC predates budgets: the PDB apply gets 403, the pools are written
+    and the pass succeeds; the budget is tried again with the pool's next write."""
+    kube, view, rec = cluster
+    kube.fail["apply_pdb"] = api_error(403, "poddisruptionbudgets is forbidden")
+    await rec.reconcile(KEY)
+    assert set(kube.deployments()) == {H100, L40S}
+    assert KEY in kube.statuses
+    written = {n for (kind, _, n) in kube.objects if kind == "PodDisruptionBudget"}
+    assert len(written) == 1  # the one refusal: one of the two pools has none yet
+    view.deliver(kube, ready=True)
+    body = view.resources[KEY]
+    body["spec"] = {**SPEC, "speculative": {"numSpeculativeTokens": 3}}
+    body["metadata"]["generation"] = 2
+    await rec.reconcile(KEY)
+    assert {n for (kind, _, n) in kube.objects if kind == "PodDisruptionBudget"} == {
+        d["metadata"]["name"] for d in kube.deployments().values()}
+    # recorded when they succeed: the first pass's one, then the refused one again (the
+    # other, written with its minAvailable already, is not written twice)
+    assert kube.count("apply_pdb") == 2

@@ -310,11 +310,15 @@ class PoolWrites:
             if budget is not None:  # the pool's PodDisruptionBudget (rollout.min_available)
                 try:
                     await self.kube.apply(budget)
-                except BaseException:  # written again with the pool's next write
+                except (ApiError, TransportError) as err:
+                    # never fails the pool's write (a rollback must not wait on it, and an
+                    # install whose RBAC predates budgets gets 403): written again with the
+                    # pool's next write
                     meta = budget["metadata"]
                     self.__dict__.get("_pool_budgets", {}).pop(
                         (meta["namespace"], meta["name"]), None)
-                    raise
+                    log.warning("PodDisruptionBudget %s/%s not written: %s", meta["namespace"],
+                                meta["name"], err)
         OPERATOR_METRICS.deployment_writes.inc()
         if resource_version(out):
             self._owner_slot(owner).pools[plan.key] = out
