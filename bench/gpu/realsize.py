@@ -207,7 +207,7 @@ def start_facts(log_text: str) -> dict:
     for line in log_text.splitlines():
         if "deprecated" in line and "mtp" in line:
             facts["method_note"] = line.strip()[-300:]
-        if "Resolved architecture" in line or "drafter" in line.lower() and "Loading" in line:
+        if "Resolved architecture" in line or ("drafter" in line.lower() and "Loading" in line):
             facts.setdefault("arch_lines", []).append(line.strip()[-200:])
     return facts
 

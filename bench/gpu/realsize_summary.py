@@ -31,7 +31,7 @@ REFERENCE = 0.8
 # peak HBM bandwidth, bytes/s, from the vendors' data sheets (H100 SXM5 80GB HBM3; H200 141GB)
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}
 FIELD_REPORT_K = {"H100": 6, "H200": 6}  # what the operator shipped before this sweep
-CONCURRENCY_BANDS = ((1, 2, 1), (3, 8, 4), (9, 32, 16), (33, 10**9, 64))  # (first, last, measured c)
+CONCURRENCY_BANDS = ((1, 2, 1), (3, 8, 4), (9, 32, 16), (33, 4096, 64))  # (first, last, measured c)
 
 
 def family(gpu_name: str) -> str:
@@ -122,6 +122,69 @@ def line_fit(points: list[tuple[float, float]]) -> dict | None:
             "rms_share": rms / my if my else None}
 
 
+def tau_curve(k: int, p: float) -> float:
+    """Tokens per draft step when position j is right with p given the ones before it."""
+    return 1.0 + sum(p ** j for j in range(1, k + 1))
+
+
+def normalized(r: dict, k: int, p: float, out_tokens: int) -> float:
+    """A run's output tokens/s at the acceptance curve p instead of the one it realised.
+
+    Per request: one prefill step (one token), then out_tokens - 1 decode tokens at τ a step;
+    the step cost does not depend on acceptance (the step runs K+1 tokens either way), so
+    tokens/s scales with tokens per request-step: (1 + (n-1)/τ_realised) / (1 + (n-1)/τ_p).
+    """
+    tau = r.get("mean_acceptance_length") or 1.0
+    n = out_tokens - 1
+    return r["output_tokens_per_s"] * (1 + n / tau) / (1 + n / tau_curve(k, p))
+
+
+def choose(slot: dict, p: float) -> dict:
+    """The built-in default for a pool whose concurrency is not known: over each largest K
+    M (vLLM sizes per-request draft state, and so capacity, for the largest K a schedule
+    holds), each batch band gets the best K <= M at curve p; where M's own run at that
+    concurrency had requests waiting, the band gets M's figure (capacity is M's whatever
+    K the band runs). The M whose worst band keeps the largest share of that band's best
+    single K wins (ties: the smaller M)."""
+    ks = sorted(slot["servers"])
+    n = slot["max_tokens"]
+    bands = [(a, b, c) for a, b, c in CONCURRENCY_BANDS
+             if all(run_at(slot, k, REFERENCE, c) for k in ks)]
+    norm = {(k, c): normalized(run_at(slot, k, REFERENCE, c), k, p, n)
+            for k in ks for _, _, c in bands}
+    best = {c: max(norm[(k, c)] for k in ks) for _, _, c in bands}
+    options = []
+    for m in ks:
+        sched, shares = [], []
+        for a, b, c in bands:
+            if (run_at(slot, m, REFERENCE, c) or {}).get("max_waiting", 0) > 0:
+                kb, value = m, norm[(m, c)]
+            else:
+                kb = max((k for k in ks if k <= m), key=lambda k: norm[(k, c)])
+                value = norm[(kb, c)]
+            sched.append([a, b, kb])
+            shares.append(value / best[c])
+        options.append({"max_k": m, "schedule": sched, "shares": shares,
+                        "worst_share": min(shares)})
+    pick = max(options, key=lambda o: (round(o["worst_share"], 3), -o["max_k"]))
+    merged: list[list[int]] = []
+    for a, b, k in pick["schedule"]:
+        if merged and merged[-1][2] == k:
+            merged[-1][1] = b
+        else:
+            merged.append([a, b, k])
+    field = FIELD_REPORT_K.get(family(slot["env"].get("nvidia-smi", "")))
+    return {"curve_p": p, "k": max(k for _, _, k in merged),
+            "schedule": merged if len(merged) > 1 else [], "worst_share": pick["worst_share"],
+            "shares": dict(zip([c for _, _, c in bands], pick["shares"], strict=True)),
+            "best_single": {c: max(ks, key=lambda k: norm[(k, c)]) for _, _, c in bands},
+            "normalized": {f"k{k}-c{c}": v for (k, c), v in norm.items()},
+            "field_k": field,
+            "field_share": ({c: norm[(field, c)] / best[c] for _, _, c in bands}
+                            if field in ks else None),
+            "options": options}
+
+
 def derive(slot: dict, gpu_name: str) -> dict:
     ks = sorted(slot["servers"])
     concs = sorted({c for (_, p, c) in slot["runs"] if p == REFERENCE})
@@ -142,7 +205,8 @@ def derive(slot: dict, gpu_name: str) -> dict:
     for p in sorted({p for (_, p, _) in slot["runs"]}):
         for c in (1, 16):
             tps = {k: r["output_tokens_per_s"] for k in ks
-                   if (r := run_at(slot, k, p, c)) or (k == 0 and (r := run_at(slot, 0, REFERENCE, c)))}
+                   if (r := run_at(slot, k, p, c))
+                   or (k == 0 and (r := run_at(slot, 0, REFERENCE, c)))}
             if len(tps) > 1:
                 kb = max(tps, key=lambda k: tps[k])
                 sens[f"p{p:g}-c{c}"] = {"best_k": kb, "tok_s": tps[kb], "by_k": tps}
@@ -171,8 +235,9 @@ def derive(slot: dict, gpu_name: str) -> dict:
     for first, last, c in CONCURRENCY_BANDS:
         if c in best:
             bands.append([first, last, best[c]["best_k"]])
+    defaults = {f"p{p:g}": choose(slot, p) for p in (REFERENCE, 0.9, 0.6)}
     return {"best_by_concurrency": best, "sensitivity": sens, "cost_fit": fits,
-            "bandwidth": floor, "bands": bands}
+            "bandwidth": floor, "bands": bands, "defaults": defaults}
 
 
 def fmt(x: object, nd: int = 1) -> str:
@@ -184,7 +249,7 @@ def fmt(x: object, nd: int = 1) -> str:
 
 
 def markdown(summary: dict) -> str:
-    md = ["# MTP at real size: K × batch × acceptance on the lent GPUs", "",
+    md = ["# MTP at real size: K x batch x acceptance on the lent GPUs", "",
           "Dummy weights (`--load-format dummy`), full-size configs, served through "
           "`mtp-runtime serve` (bench/gpu/realsize.py); acceptance set in place after the load "
           "(bench/gpu/acceptance_ext.py) so the draft agrees with the target on a chosen "
@@ -217,10 +282,11 @@ def markdown(summary: dict) -> str:
                 cells = []
                 for c in concs:
                     r = run_at(s, k, REFERENCE, c)
-                    cells.append(f"{r['output_tokens_per_s']:.1f} ({fmt(r['time_per_engine_step_ms'])})"
-                                 if r else "—")
+                    step = fmt(r["time_per_engine_step_ms"]) if r else ""
+                    cells.append(f"{r['output_tokens_per_s']:.1f} ({step})" if r else "—")
                 big = largest(s, k)
-                cells.append(f"c={big['concurrency']}: {big['output_tokens_per_s']:.0f}" if big else "—")
+                cells.append(f"c={big['concurrency']}: {big['output_tokens_per_s']:.0f}"
+                             if big else "—")
                 md.append(f"| {k} | " + " | ".join(cells) + " |")
             md += ["", "### Acceptance: τ (mean acceptance length) and per-position acceptance", "",
                    "| K | p | c | output tok/s | τ | by position |", "|---|---|---|---|---|---|"]
@@ -238,10 +304,30 @@ def markdown(summary: dict) -> str:
                           f"{fmt(b['field_k'])} | {fmt(b['field_share'], 2)} |")
             md += ["", "Sensitivity to the acceptance curve: " + "; ".join(
                 f"{key}: best K {v['best_k']}" for key, v in d["sensitivity"].items()), ""]
+            md += ["### The default derived (bench/gpu/realsize_summary.py `choose`)", "",
+                   "Output tokens/s re-scaled from the acceptance each run realised to a "
+                   "curve (position j right with p given the ones before: τ(K) = 1 + p + ... "
+                   "+ p^K), since two requests at c=1 realise it with noise. Rule: vLLM sizes "
+                   "per-request draft state for the largest K, so for each largest K M every "
+                   "band gets the best K <= M, or M's own figure where M's run had requests "
+                   "waiting; the M whose worst band keeps the largest share of that band's "
+                   "best single K is the default.", "",
+                   "| curve p | default K | schedule | worst band's share | share by c | best "
+                   "single K by c | field report's K share by c |", "|---|---|---|---|---|---|---|"]
+            for dd in d["defaults"].values():
+                sched = "; ".join(f"{a}-{b}: {k}" for a, b, k in dd["schedule"]) or "one K"
+                shares = ", ".join(f"{c}: {v:.2f}" for c, v in dd["shares"].items())
+                singles = ", ".join(f"{c}: {k}" for c, k in dd["best_single"].items())
+                field = (", ".join(f"{c}: {v:.2f}" for c, v in dd["field_share"].items())
+                         if dd["field_share"] else "—")
+                md.append(f"| {dd['curve_p']:g} | {dd['k']} | {sched} | "
+                          f"{dd['worst_share']:.2f} | {shares} | {singles} | {field} |")
+            md.append("")
             md += ["### The tuner's cost model at real size: u(K) = base + K·perToken", "",
-                   "u = seconds per request-step (wall / (generated − accepted)); fitted over "
-                   "K ≥ 1 per concurrency; residual = measured − fit.", "",
-                   "| c | base ms | per token ms | u(0) measured ms | rms residual | residuals ms by K |",
+                   "u = seconds per request-step (wall / (generated - accepted)); fitted over "
+                   "K ≥ 1 per concurrency; residual = measured - fit.", "",
+                   "| c | base ms | per token ms | u(0) measured ms | rms residual | "
+                   "residuals ms by K |",
                    "|---|---|---|---|---|---|"]
             for c, f in d["cost_fit"].items():
                 res = ", ".join(f"{k}: {v:+.3f}" for k, v in sorted(f["residual_ms"].items()))

@@ -320,6 +320,8 @@ def k_request(spec: MTPInferenceSpec) -> KRequest:
         profiles=s.profiles,
         max_speculative_tokens=s.max_speculative_tokens,
         mtp_layers=s.mtp_layers,
+        model=spec.model,
+        method=s.method,
     )
 
 

@@ -62,6 +62,30 @@ DEFAULT_PROFILES: tuple[GPUProfile, ...] = (
     GPUProfile("T4", 1, "Turing inference card with little compute: one token at most"),
 )
 
+# Hybrid models (gated-DeltaNet layers beside attention: Qwen3.5, Qwen3.6, Qwen3-Next) keep
+# 1 + K copies of each request's recurrent state, so K costs them KV capacity as well as draft
+# time, and their best K is lower than a dense model's. Known by the MTP method the seed writes
+# for them (`qwen3_next_mtp`) or by the model's name.
+HYBRID_METHODS = frozenset({"qwen3_next_mtp"})
+_HYBRID_MODEL = re.compile(r"qwen3[._-]?(?:5|6|next)(?![0-9])", re.IGNORECASE)
+
+
+def is_hybrid(model: str | None, method: str | None) -> bool:
+    """A model whose per-request draft state grows with K (see HYBRID_METHODS)."""
+    return (method or "") in HYBRID_METHODS or bool(_HYBRID_MODEL.search(model or ""))
+
+
+# Measured at real size (bench/results/gpu/realsize.md, `bench/gpu/realsize_summary.py`
+# `choose`): the default K for a pool whose concurrency is not known — the K whose worst
+# batch band (1-2, 3-8, 9-32, 33+ requests) keeps the largest share of that band's best K at
+# per-position acceptance 0.8, capacity included. tests/unit/test_measured_profiles.py
+# recomputes each row from the committed results.
+MEASURED_HYBRID_PROFILES: tuple[GPUProfile, ...] = (
+    GPUProfile("H100", 2, "measured: H100 80GB HBM3, 27B-class hybrid (Qwen3.5 shape), vLLM "
+               "0.26.0; its worst batch band keeps 81 % of that band's best K (K=5 up to 32 "
+               "requests, K=2 at 64; K=6 keeps 48 % at 64): bench/results/gpu/realsize.md"),
+)
+
 # The cards the field report measured (the table's first three rows), as GPU Feature
 # Discovery names them: what `mtp-operator render` plans pools for when it is told no product.
 FIELD_REPORT_PRODUCTS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S")
@@ -156,13 +180,15 @@ def entries_for(table: Mapping[str, int] | None, product: str) -> dict[str, int]
     }
 
 
-def default_k(product: str, cluster_overrides: Mapping[str, int] | None = None) -> int:
-    """The cluster's K for a GPU product: the cluster-wide overrides, then the default table."""
+def default_k(product: str, cluster_overrides: Mapping[str, int] | None = None,
+              hybrid: bool = False) -> int:
+    """The cluster's K for a GPU product: the cluster-wide overrides, then the default table
+    (its measured hybrid-model rows for a hybrid model)."""
     if cluster_overrides:
         k = _lookup(cluster_overrides, product)
         if k is not None:
             return k
-    profile = profile_for(product)
+    profile = profile_for(product, hybrid)
     return profile.k if profile is not None else DEFAULT_K
 
 
@@ -179,6 +205,8 @@ class KRequest:
     profiles: Mapping[str, int] | None = None  # the resource's own per-product overrides
     max_speculative_tokens: int | None = None
     mtp_layers: int | None = None
+    model: str | None = None  # with method: picks a measured hybrid-model row
+    method: str | None = None
 
 
 @dataclass(frozen=True)
@@ -189,9 +217,11 @@ class KResolution:
     schedule: Schedule = ()  # from a measured profile: K per batch-size band, each <= k
 
 
-def profile_for(product: str) -> GPUProfile | None:
+def profile_for(product: str, hybrid: bool = False) -> GPUProfile | None:
+    """The table row for a product: a measured hybrid-model row first when `hybrid`."""
     family = product_family(product)
-    for profile in DEFAULT_PROFILES:
+    rows = (*MEASURED_HYBRID_PROFILES, *DEFAULT_PROFILES) if hybrid else DEFAULT_PROFILES
+    for profile in rows:
         if profile.family == family:
             return profile
     return None
@@ -260,14 +290,18 @@ def resolve_k(
             raise KError(f"speculative.profiles[{product}]", _depth_message(own, depth))
         k, source, reason = own, "override", "speculative.profiles entry"
     else:
-        k, source = default_k(product, cluster_overrides), "profile"
+        hybrid = is_hybrid(request.model, request.method)
+        k, source = default_k(product, cluster_overrides, hybrid), "profile"
         family = product_family(product) or "other GPUs"
         reason = f"GPU profile for {family}"
-        profile = profile_for(product)
+        profile = profile_for(product, hybrid)
         from_table = not cluster_overrides or _lookup(cluster_overrides, product) is None
+        if profile is not None and from_table and profile in MEASURED_HYBRID_PROFILES:
+            reason = f"{reason}, hybrid model ({profile.reason})"
         if profile is not None and profile.schedule and from_table:
             schedule = profile.schedule
-            reason = f"{reason} ({profile.reason})"
+            if profile not in MEASURED_HYBRID_PROFILES:
+                reason = f"{reason} ({profile.reason})"
         share = share_of_card(product)
         exact = cluster_overrides and any(
             normalize_product(key).lower() == normalize_product(product).lower()

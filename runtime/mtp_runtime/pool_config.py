@@ -68,6 +68,8 @@ class PoolConfig:
             profiles=self.profiles or None,
             max_speculative_tokens=self.max_speculative_tokens,
             mtp_layers=self.serve.mtp_layers,
+            model=self.serve.model,
+            method=self.serve.method,
         )
         resolution = resolve_k(detected_product, request, self.cluster_overrides or None)
         return replace(self.serve, num_speculative_tokens=resolution.k), resolution

@@ -28,6 +28,7 @@ from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_co
 from mtp_operator.tuning.decision import Trial, decide
 from mtp_operator.tuning.estimator import Measurement, measure
 from mtp_operator.tuning.priors import prior_for
+from mtp_runtime.gpu_profiles import is_hybrid
 from mtp_operator.tuning.schedule import recommend_schedule
 from mtp_operator.tuning.settings import policy_for
 from mtp_operator.tuning.state import (
@@ -167,7 +168,8 @@ class Tuner:
         running = trial.from_k if trial is not None else pool.num_speculative_tokens
         replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
         d = decide(policy, running, trial, history, mem.table, guard, now, replicas,
-                   prior=prior_for(pool.gpu_product), capacity=mem.capacity.get(running))
+                   prior=prior_for(pool.gpu_product, is_hybrid(spec.model, spec.speculative.method)),
+                   capacity=mem.capacity.get(running))
         events: list[tuple[str, str, str]] = []
         product = pool.key
         ended_canary = None
