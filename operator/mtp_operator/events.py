@@ -21,6 +21,11 @@ REASON_POOL_RETAINED = "PoolRetained"
 REASON_MANUAL_CHANGE_REVERTED = "ManualChangeReverted"
 REASON_SPECULATION_ROLLED_BACK = "SpeculationRolledBack"
 REASON_TUNING_CANARY_DELETED = "TuningCanaryDeleted"  # no live trial names it (issue 36)
+REASON_TUNING_TRIAL_STARTED = "TuningTrialStarted"
+REASON_TUNING_ADOPTED = "TuningAdopted"
+REASON_TUNING_TRIAL_ENDED = "TuningTrialEnded"  # returned to the incumbent, or aborted
+REASON_TUNING_RECOMMENDED = "TuningRecommended"
+REASON_TUNING_FAILED = "TuningFailed"  # the tuner's write for one resource failed
 REASON_CONCURRENCY_AT_CAPACITY = "ConcurrencyAtCapacity"  # requests wait for KV space at K
 REASON_PRODUCT_DOES_NOT_FIT = "ProductDoesNotFit"  # spec.fit: a GPU product gets no pool
 # a spec that cannot be served: the Degraded condition's reason, as the Event's

@@ -20,7 +20,14 @@ from typing import Any
 import aiohttp
 
 from mtp_operator.api.v1alpha1 import PoolStatus
-from mtp_operator.events import REASON_CONCURRENCY_AT_CAPACITY
+from mtp_operator.events import (
+    REASON_CONCURRENCY_AT_CAPACITY,
+    REASON_TUNING_ADOPTED,
+    REASON_TUNING_FAILED,
+    REASON_TUNING_RECOMMENDED,
+    REASON_TUNING_TRIAL_ENDED,
+    REASON_TUNING_TRIAL_STARTED,
+)
 from mtp_operator.naming import canary_pod_name
 from mtp_operator.traffic_classes import class_specs
 from mtp_operator.tuning.capacity import Capacity, window_capacity
@@ -28,7 +35,6 @@ from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_co
 from mtp_operator.tuning.decision import Trial, decide
 from mtp_operator.tuning.estimator import Measurement, measure
 from mtp_operator.tuning.priors import prior_for
-from mtp_runtime.gpu_profiles import is_hybrid
 from mtp_operator.tuning.schedule import recommend_schedule
 from mtp_operator.tuning.settings import policy_for
 from mtp_operator.tuning.state import (
@@ -40,6 +46,7 @@ from mtp_operator.tuning.state import (
 )
 from mtp_operator.validation import spec_problems
 from mtp_runtime.exposition import ParseError
+from mtp_runtime.gpu_profiles import is_hybrid
 from mtp_runtime.vllm_command import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
@@ -167,15 +174,15 @@ class Tuner:
         )
         running = trial.from_k if trial is not None else pool.num_speculative_tokens
         replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
+        hybrid = is_hybrid(spec.model, spec.speculative.method)
         d = decide(policy, running, trial, history, mem.table, guard, now, replicas,
-                   prior=prior_for(pool.gpu_product, is_hybrid(spec.model, spec.speculative.method)),
-                   capacity=mem.capacity.get(running))
+                   prior=prior_for(pool.gpu_product, hybrid), capacity=mem.capacity.get(running))
         events: list[tuple[str, str, str]] = []
         product = pool.key
         ended_canary = None
         if d.action == "start_trial" and d.trial_k is not None and d.trial_kind is not None:
             trial = Trial(d.trial_k, running, now, d.trial_kind)
-            events.append(("TuningTrialStarted", f"pool {product}: {d.reason}", "Normal"))
+            events.append((REASON_TUNING_TRIAL_STARTED, f"pool {product}: {d.reason}", "Normal"))
         elif d.action in ("adopt", "return", "abort") and trial is not None:
             outcome = {"adopt": "adopted", "return": "returned", "abort": "aborted"}[d.action]
             history.append(Trial(trial.k, trial.from_k, trial.started, trial.kind, now,
@@ -185,12 +192,12 @@ class Tuner:
             if trial.kind == "canary":
                 ended_canary = trial.k
             trial = None
-            kind = "TuningAdopted" if d.action == "adopt" else "TuningTrialEnded"
+            kind = REASON_TUNING_ADOPTED if d.action == "adopt" else REASON_TUNING_TRIAL_ENDED
             events.append((kind, f"pool {product}: {d.reason}",
                            "Warning" if d.action == "abort" else "Normal"))
         elif d.recommended_k is not None and d.recommended_k != (
                 tuning.recommended_k if tuning else None):
-            events.append(("TuningRecommended", f"pool {product}: recommends K="
+            events.append((REASON_TUNING_RECOMMENDED, f"pool {product}: recommends K="
                            f"{d.recommended_k} (runs K={running}): {d.reason}", "Normal"))
         cap = mem.capacity.get(running)
         was, mem.at_capacity = mem.at_capacity, cap is not None and cap.at_capacity
@@ -210,7 +217,7 @@ class Tuner:
             except Exception as err:  # this resource's failure is its own:
                 # the round goes on for the others (issue 36); the pass's status says it too
                 log.warning("tuning %s/%s pool %s: %s", key[0], key[1], product, err)
-                await self.kube.event(body, "TuningFailed", f"pool {product}: tuning's write "
+                await self.kube.event(body, REASON_TUNING_FAILED, f"pool {product}: tuning's write "
                                       f"failed: {err}; retried next window", "Warning")
                 return
             for reason, message, type_ in events:
