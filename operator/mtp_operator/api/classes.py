@@ -15,9 +15,9 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator
 
+from mtp_operator.api.base import Model as _Model
 from mtp_operator.api.tuning import TuningSpec
 from mtp_runtime.problems import Problem
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
@@ -37,12 +37,6 @@ MAX_HEADER_NAME = 256
 # and inner spaces only (no obs-text: the value is also a label value's source, see routing).
 HEADER_VALUE_PATTERN = r"^[!-~]([ -~]*[!-~])?$"
 MAX_HEADER_VALUE = 256
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
 
 
 class PromptTokens(_Model):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
+from mtp_operator.api.base import Model as _Model
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
 
 TuningMode = Literal["Off", "Recommend", "Auto"]
@@ -21,12 +21,6 @@ DEFAULT_TRIAL_WINDOWS = 3  # one window's noise can exceed minGain; the median o
 DEFAULT_REVISIT_SECONDS = 21600  # 6 h: with the default 4 trials a day, at most 4 re-checks
 MAX_TUNING_ROWS = 16  # measured table and estimates kept in status, per pool
 MAX_TRIAL_HISTORY = 10
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
 
 
 class TuningSpec(_Model):

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from mtp_operator.api.base import Model as _Model
 from mtp_operator.api.classes import MAX_CLASSES, TrafficClass
 from mtp_operator.api.tuning import TUNING_CEL, BatchSizeRange, PoolTuningStatus, TuningSpec
-from mtp_runtime.gpu_profiles import PoolSource
 from mtp_runtime.drain import DRAIN_SECONDS_ENV
+from mtp_runtime.gpu_profiles import PoolSource
 from mtp_runtime.pool_config import ENV_VAR
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS, MODEL_ID_PATTERN
 
@@ -52,12 +53,6 @@ QUANTITY_PATTERN = (
 MAX_ENV = 256
 MAX_TOLERATIONS = 64
 MAX_EXTRA_ARG_LENGTH = 1024  # keeps the extraArgs CEL rule within the API server's cost budget
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
 
 
 class SpeculativeSpec(_Model):
