@@ -25,6 +25,7 @@ from mtp_operator.planning import PoolPlan
 from mtp_operator.timestamps import time_problem
 from mtp_runtime.gpu_profiles import product_kind_label
 from mtp_runtime.problems import Problem, problems_text
+from mtp_runtime.vllm_command import k_from_argv
 
 MAX_REMOVED_POOLS = 10
 
@@ -280,13 +281,13 @@ def retained_entry(
 
 
 def _k_from_command(command: str | None) -> int:
-    """K from a pool's `mtp-operator.io/vllm-command` annotation (0 without speculation)."""
+    """K from a pool's `mtp-operator.io/vllm-command` annotation (0 without speculation);
+    the runtime's vllm_command owns the argv's layout."""
     try:
         argv = json.loads(command or "[]")
-        spec = json.loads(argv[argv.index("--speculative-config") + 1])
-        return int(spec.get("num_speculative_tokens", 0))
-    except (ValueError, TypeError, IndexError, AttributeError):
+    except ValueError:
         return 0
+    return k_from_argv(argv) if isinstance(argv, list) else 0
 
 
 def tuning_summary(pools: Sequence[PoolStatus]) -> str | None:

@@ -293,6 +293,15 @@ def speculative_config(
     return out
 
 
+def k_from_argv(argv: Sequence[str]) -> int:
+    """K in an argv `build_argv` wrote (0 without speculation or when it cannot be read)."""
+    try:
+        spec = json.loads(argv[list(argv).index("--speculative-config") + 1])
+        return int(spec.get("num_speculative_tokens", 0))
+    except (ValueError, TypeError, IndexError, AttributeError):
+        return 0
+
+
 def build_argv(s: ServeSettings) -> list[str]:
     """The exact `vllm serve` argv for these settings (validated first)."""
     validate(s)

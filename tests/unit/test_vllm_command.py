@@ -97,3 +97,13 @@ def test_method_table_follows_facts() -> None:
 
 def test_settings_json_round_trip() -> None:
     assert ServeSettings.from_json(SEED.to_json()) == SEED
+
+
+def test_k_from_argv_reads_what_build_argv_writes() -> None:
+    from mtp_runtime.vllm_command import k_from_argv
+
+    for k in (0, 1, 3, 6):
+        s = ServeSettings(model="org/m", num_speculative_tokens=k, method="mtp")
+        assert k_from_argv(build_argv(s)) == k
+    assert k_from_argv(["vllm", "serve", "m", "--speculative-config", "not json"]) == 0
+    assert k_from_argv(["vllm", "serve", "m", "--speculative-config"]) == 0
