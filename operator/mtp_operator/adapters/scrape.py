@@ -9,7 +9,10 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
+import aiohttp
+
 from mtp_operator.adapters.keepalive_http import HTTPError, KeepAliveClient
+from mtp_operator.tuning.counters import PodSample, pod_sample
 from mtp_runtime.exposition import ParseError
 from mtp_runtime.spec_decode import SPEC_DECODE_COUNTERS, spec_snapshot
 from mtp_runtime.vllm_command import DEFAULT_PORT
@@ -69,3 +72,26 @@ async def scrape_pod(
 ) -> Any:
     """The pod's spec-decode snapshot, or None when the scrape failed."""
     return (await scrape_pod_timed(client, ip, sem, port))[0]
+
+
+async def fetch_pod_sample(
+    session: aiohttp.ClientSession, ip: str, sem: asyncio.Semaphore, t: float,
+    port: int = DEFAULT_PORT,
+) -> PodSample | None:
+    """The tuner's scrape: a pod's whole vLLM exposition (spec-decode counters, output tokens,
+    engine steps and the running/waiting/KV gauges) as one `PodSample`; None when it failed
+    (logged at debug). `session` is an aiohttp.ClientSession made with `tuner_timeout()`."""
+    async with sem:
+        try:
+            async with session.get(f"http://{ip}:{port}/metrics") as resp:
+                if resp.status != 200:
+                    return None
+                return pod_sample(t, await resp.text())
+        except (aiohttp.ClientError, TimeoutError, ParseError) as err:
+            log.debug("tuning scrape %s failed: %s", ip, err)
+            return None
+
+
+def tuner_timeout() -> aiohttp.ClientTimeout:
+    """The tuner session's time-out: the evaluator's per-scrape budget."""
+    return aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from mtp_operator.adapters.scrape import MAX_PARALLEL_SCRAPES, fetch_pod_sample, tuner_timeout
 from mtp_operator.api.v1alpha1 import PoolStatus
 from mtp_operator.events import (
     REASON_CONCURRENCY_AT_CAPACITY,
@@ -31,7 +32,7 @@ from mtp_operator.events import (
 from mtp_operator.naming import canary_pod_name
 from mtp_operator.traffic_classes import class_specs
 from mtp_operator.tuning.capacity import Capacity, window_capacity
-from mtp_operator.tuning.counters import PodSample, pod_k, pod_sample, window_counters
+from mtp_operator.tuning.counters import PodSample, pod_k, window_counters
 from mtp_operator.tuning.decision import Trial, decide
 from mtp_operator.tuning.estimator import Measurement, measure
 from mtp_operator.tuning.priors import prior_for
@@ -45,29 +46,11 @@ from mtp_operator.tuning.state import (
     tuning_modes,
 )
 from mtp_operator.validation import spec_problems
-from mtp_runtime.exposition import ParseError
 from mtp_runtime.gpu_profiles import is_hybrid
-from mtp_runtime.vllm_command import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
 
-SCRAPE_TIMEOUT = aiohttp.ClientTimeout(total=3)
-MAX_PARALLEL_SCRAPES = 32
 MAX_TABLE = 32  # measurements kept per pool (status shows the latest 16)
-
-
-async def fetch_sample(
-    session: aiohttp.ClientSession, ip: str, sem: asyncio.Semaphore, t: float
-) -> PodSample | None:
-    async with sem:
-        try:
-            async with session.get(f"http://{ip}:{DEFAULT_PORT}/metrics") as resp:
-                if resp.status != 200:
-                    return None
-                return pod_sample(t, await resp.text())
-        except (aiohttp.ClientError, TimeoutError, ParseError) as err:
-            log.debug("tuning scrape %s failed: %s", ip, err)
-            return None
 
 
 @dataclass
@@ -121,7 +104,7 @@ class Tuner:
                     self.pools[ref] = mem = PoolMemory(generation)
                 pods = self.view.pool_pod_ips(key, product)
                 samples = await asyncio.gather(
-                    *(fetch_sample(session, ip, sem, t) for ip in pods.values())
+                    *(fetch_pod_sample(session, ip, sem, t) for ip in pods.values())
                 )
                 for name, sample in zip(pods, samples, strict=True):
                     if sample is not None:
@@ -231,7 +214,7 @@ class Tuner:
 
 async def run_tuner(reconciler: Any, view: Any, kube: Any, interval: float) -> None:
     tuner = Tuner(reconciler, view, kube)
-    async with aiohttp.ClientSession(timeout=SCRAPE_TIMEOUT) as session:
+    async with aiohttp.ClientSession(timeout=tuner_timeout()) as session:
         while True:
             try:
                 await tuner.tick(session, datetime.now(UTC))
