@@ -21,9 +21,10 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Service
 from lightkube.types import PatchType
 
+from mtp_operator import lws
 from mtp_operator.adapters.api_writes import (
     APPLY,
     JSON,
@@ -51,6 +52,14 @@ MTPInferenceResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 # Inference Extension's, installed by the user.
 InferencePoolResource = create_namespaced_resource(
     "inference.networking.k8s.io", "v1", "InferencePool", "inferencepools"
+)
+# The routing objects a pass may delete when a class leaves the spec (delete_owned).
+ROUTING_KINDS: dict[str, Any] = {
+    "Service": Service, "ConfigMap": ConfigMap, "InferencePool": InferencePoolResource,
+}
+# A pool whose replica spans several nodes (mtp_operator.lws); the CRD is sigs.k8s.io/lws's.
+LeaderWorkerSetResource = create_namespaced_resource(
+    lws.GROUP, lws.API_VERSION.split("/")[1], lws.KIND, lws.PLURAL
 )
 
 
@@ -190,12 +199,37 @@ class KubeClient:
             if err.status.code != 404:
                 raise
 
+    async def delete_leaderworkerset(self, namespace: str, name: str) -> None:
+        try:
+            await self.client.delete(LeaderWorkerSetResource, name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:
             await self.client.delete(Pod, name, namespace=namespace)
         except ApiError as err:
             if err.status.code != 404:
                 raise
+
+    async def delete_owned(self, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+        """Read the object, then delete it only if its controller is `owner_uid` (a routing
+        object of a traffic class no longer in the spec, issue 39)."""
+        res = ROUTING_KINDS[kind]
+        try:
+            obj = await self.client.get(res, name, namespace=namespace)
+            refs = (_to_dict(obj).get("metadata") or {}).get("ownerReferences") or ()
+            if not any(r.get("controller") is True and r.get("uid") == owner_uid for r in refs):
+                log.warning("%s %s/%s not deleted: not controlled by the MTPInference %s",
+                            kind, namespace, name, owner_uid)
+                return False
+            await self.client.delete(res, name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+            return False
+        return True
 
     async def patch_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
