@@ -594,7 +594,7 @@ def test_a_prior_replaces_the_trial_spent_on_the_fit(sim, start, cands, scale):
     the step-cost fit; with the family's shape (at any absolute speed) it goes to the K the
     estimate favours, and the pool reaches the same K in no more trials."""
     p = policy(cands)
-    ks0, trials0, _ = drive(sim, start, p, 2, windows=25)
+    _, trials0, _ = drive(sim, start, p, 2, windows=25)
     ks1, trials1, decisions = drive(sim, start, p, 2, windows=25, prior=_prior_from(sim, scale))
     best = best_k(sim, cands)
     assert sim.true_tps(ks1[-1]) >= 0.95 * sim.true_tps(best), (ks1, trials1)
