@@ -12,6 +12,7 @@ from typing import Any
 
 from mtp_operator.api.classes import context_length_range
 from mtp_operator.api.v1alpha1 import GROUP, KIND, VERSION, MTPInferenceSpec
+from mtp_operator.lws import pool_leaderworkerset
 from mtp_operator.model_cache import EffectiveCache, volume, volume_mount
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
@@ -21,6 +22,7 @@ from mtp_operator.naming import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     LABEL_CANARY,
+    LABEL_OWNER_UID,
     LABEL_RESOURCE,
     canary_pod_name,
     label_value,
@@ -258,7 +260,9 @@ def pool_deployment(
             "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(NO_SURGE)},
             "template": {
                 "metadata": {
-                    "labels": dict(labels),
+                    # the owner's UID on the pods only (the selector is immutable): the
+                    # Service selects on it (naming.owner_label_rolled_out, issue 36)
+                    "labels": {**labels, LABEL_OWNER_UID: uid},
                     "annotations": {ANNOTATION_SETTINGS_HASH: template_digest},
                 },
                 "spec": pod_spec,
@@ -306,7 +310,7 @@ def canary_pod(
     """
     config = pool_config(spec, plan, cluster_profiles or {}, model_cache)
     pod_spec = _pod_spec(spec, plan, config, spec.image or default_image, model_cache)
-    labels = {**_pool_labels(name, spec, plan), LABEL_CANARY: "true"}
+    labels = {**_pool_labels(name, spec, plan), LABEL_CANARY: "true", LABEL_OWNER_UID: uid}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -327,7 +331,10 @@ def canary_pod(
 
 
 def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
-    """One Service in front of every pool of the resource (OpenAI API and metrics)."""
+    """One Service in front of every pool of the resource (OpenAI API and metrics). It selects
+    the resource's pods by the owner's UID too (LABEL_OWNER_UID), so a pod that only copies
+    the pool's labels gets no traffic; `label_only_service` is the selector it replaces on a
+    resource whose pools predate that label."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -338,7 +345,7 @@ def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
             "ownerReferences": [owner_reference(name, uid)],
         },
         "spec": {
-            "selector": {LABEL_RESOURCE: label_value(name)},
+            "selector": {LABEL_RESOURCE: label_value(name), LABEL_OWNER_UID: uid},
             "ports": [
                 {"name": "http", "port": DEFAULT_PORT, "targetPort": "http", "protocol": "TCP"},
                 {
@@ -352,6 +359,15 @@ def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
     }
 
 
+def label_only_service(svc: Mapping[str, Any]) -> dict[str, Any]:
+    """`svc` (from `service`) selecting by the resource label alone, as before issue 36: kept
+    while any pod of the resource may lack LABEL_OWNER_UID (pools made by an earlier version
+    get it with their next roll), so tightening the selector never drops a serving pod."""
+    spec = dict(svc["spec"])
+    spec["selector"] = {k: v for k, v in spec["selector"].items() if k != LABEL_OWNER_UID}
+    return {**svc, "spec": spec}
+
+
 def desired_objects(
     name: str,
     namespace: str,
@@ -363,16 +379,18 @@ def desired_objects(
     model_cache: EffectiveCache | None = None,
     canaries: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    """The Service, then one Deployment per plan (a pool in `canaries`, GPU products with a
-    canary replica running, gets one replica less)."""
+    """The Service, then one pool per plan: a Deployment, or a LeaderWorkerSet of groups of
+    `plan.nodes` pods when a replica spans several nodes (lws.py). A pool in `canaries`, GPU
+    products with a canary replica running, gets one replica less."""
     objs = [service(name, namespace, uid)]
-    objs += [
-        pool_deployment(
+    for p in plans:
+        deploy = pool_deployment(
             name, namespace, uid, spec, p, default_image, cluster_profiles, model_cache,
             spec.replicas - 1 if p.key in canaries and spec.replicas >= 2 else None,
         )
-        for p in plans
-    ]
+        if p.nodes > 1 and p.fit is not None:
+            deploy = pool_leaderworkerset(deploy, p.nodes, p.fit.gpus_per_pod)
+        objs.append(deploy)
     # traffic classes: after the pools (callers index the pools as objects[1:1 + len(plans)])
     objs += routing_objects(name, namespace, owner_reference(name, uid), spec, plans)
     return objs

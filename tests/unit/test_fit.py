@@ -278,7 +278,7 @@ async def test_without_spec_fit_status_says_not_checked() -> None:
     assert not any(c["type"] == "ModelFits" for c in status["conditions"])
 
 
-def test_a_multi_node_product_gets_no_deployment_until_lws_pools_are_applied() -> None:
+def test_a_multi_node_product_gets_a_pool_of_node_groups() -> None:
     from datetime import UTC, datetime
 
     from mtp_operator.api.v1alpha1 import MTPInferenceStatus
@@ -287,9 +287,9 @@ def test_a_multi_node_product_gets_no_deployment_until_lws_pools_are_applied() -
     spec = _spec(fit={"weightsGiB": 652, "maxNodesPerReplica": 2})
     now = datetime(2026, 12, 6, tzinfo=UTC)
     plan = plan_pass(spec, [], _nodes(), MTPInferenceStatus(), {"generation": 1}, {}, now)
-    assert [p.gpu_product for p in plan.pools] == [H200]  # A100, H100: 2 nodes each
+    # A100, H100: 2 nodes each (LeaderWorkerSet pools, tests/unit/test_lws_pools.py)
+    assert {p.gpu_product: p.nodes for p in plan.pools} == {A100: 2, H100: 2, H200: 1}
     status = pass_status("ds", 1, plan, MTPInferenceStatus(), {}, Applied(), now)
     by = {f.gpu_product: f for f in status.fit}
     assert by[H100].verdict == "MultiNode" and by[H100].nodes_per_replica == 2
-    assert "not applied by this version" in by[H100].message
     assert status.fit_summary == "A100:2 H100:2 H200:1 L40S:no"

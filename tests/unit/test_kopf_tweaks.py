@@ -407,8 +407,8 @@ def test_a_listed_pool_before_the_first_index_brings_no_pass() -> None:
     body = {"metadata": {"name": "res-h100", "namespace": "ml", "ownerReferences": [
         {"kind": "MTPInference", "apiVersion": "mtp-operator.io/v1alpha1", "name": "res"}]}}
     indexes = {name: {} for name in ("mtpi_index", "gpu_node_index", "pool_deployment_index",
-                                      "service_index", "pool_pod_index", "canary_pod_index",
-                                      "claim_index")}
+                                      "pool_lws_index", "service_index", "pool_pod_index",
+                                      "canary_pod_index", "claim_index")}
     asyncio.run(fn(event={"type": None, "object": body}, body=body, **indexes))
     assert rec.passes == [] and not view.ready
     asyncio.run(fn(event={"type": "MODIFIED", "object": body}, body=body, **indexes))

@@ -61,7 +61,8 @@ def test_the_projection_keeps_what_the_pod_index_reads(pod) -> None:
 
 def test_a_ready_pool_pod_is_indexed_by_namespace_resource_and_product() -> None:
     entry = pod_index_entry(pod_for_index(_pool_pod(True, "10.2.0.7")))
-    assert entry == {("team", "qwen", "NVIDIA-H100-80GB-HBM3"): ("qwen-h100-abc", "10.2.0.7")}
+    assert entry == {("team", "qwen", "NVIDIA-H100-80GB-HBM3"): (
+        "qwen-h100-abc", "10.2.0.7", {"labels": {}, "ownerReferences": []})}  # no owner
 
 
 def test_compact_is_an_equal_copy_sharing_keys_and_short_strings() -> None:

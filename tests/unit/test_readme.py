@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mtp_runtime.gpu_profiles import DEFAULT_K, DEFAULT_PROFILES
+from mtp_runtime.gpu_profiles import DEFAULT_K, DEFAULT_PROFILES, MEASURED_HYBRID_PROFILES
 
 pytestmark = pytest.mark.unit
 
@@ -92,9 +92,13 @@ def test_every_status_field_is_in_the_status_table() -> None:
 def test_gpu_profile_table_is_the_default_table() -> None:
     rows = _table_rows(_section("GPU profiles"))
     assert rows[0] == ["family", "K", "reason"]
+    split = rows.index(["family", "model", "K", "measured"])
     want = [[p.family, str(p.k), p.reason] for p in DEFAULT_PROFILES]
     want.append(["any other GPU", str(DEFAULT_K), "default"])
-    assert rows[1:] == want
+    assert rows[1:split] == want
+    # the measured rows: family and K as the code has them, one row each
+    measured = [(r[0], r[2]) for r in rows[split + 1:]]
+    assert measured == [(p.family, str(p.k)) for p in MEASURED_HYBRID_PROFILES]
 
 
 def test_chart_values_table_names_real_values() -> None:

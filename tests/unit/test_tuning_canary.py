@@ -7,7 +7,7 @@ import json
 from mtp_operator import builders
 from mtp_operator.api.tuning import PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
-from mtp_operator.naming import LABEL_CANARY, pool_labels, pool_selector
+from mtp_operator.naming import LABEL_CANARY, LABEL_OWNER_UID, pool_labels, pool_selector
 from mtp_operator.planning import plan_pool
 from mtp_operator.tuning.state import canary_plans
 
@@ -54,7 +54,9 @@ def test_canary_pod_and_the_pool_beside_it():
     pod = builders.canary_pod("dsv3", "ml", "uid-1", s, canary, "img", {})
     assert pod["kind"] == "Pod" and pod["metadata"]["name"] == "dsv3-h100-80gb-hbm3-canary-k2"
     labels = pod["metadata"]["labels"]
-    assert labels == {**pool_labels("dsv3", H100), LABEL_CANARY: "true"}
+    # the pool's labels, the canary mark and the owner's UID (Service membership, issue 36)
+    assert labels == {**pool_labels("dsv3", H100), LABEL_CANARY: "true",
+                      LABEL_OWNER_UID: "uid-1"}
     # the Service and the Deployment's selector see it as one of the pool's pods
     assert all(labels[k] == v for k, v in pool_selector("dsv3", H100).items())
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-1"

@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from mtp_operator import lws
 from mtp_operator.adapters.kube import compact, slim
 from mtp_operator.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION
 from mtp_operator.control.reconciler import Key, Reconciler, product_of
@@ -22,11 +23,16 @@ from mtp_operator.naming import (
     LABEL_CANARY,
     LABEL_GPU_PRODUCT,
     LABEL_MANAGED_BY,
+    LABEL_POD_TEMPLATE_HASH,
     LABEL_RESOURCE,
     LABEL_TRAFFIC_CLASS,
     MANAGED_BY,
+    controller_ref,
     label_value,
+    pool_deployment_name,
     pool_key,
+    pool_member,
+    service_name,
     split_pool_key,
 )
 from mtp_operator.planning import GPUNode, gpu_node_from_body
@@ -36,14 +42,17 @@ log = logging.getLogger(__name__)
 
 OWNED = {LABEL_MANAGED_BY: MANAGED_BY}
 DEPLOYMENT_KIND = ("apps", "v1", "deployments")
+# multi-node pools (mtp_operator.lws); without the LWS CRD kopf serves no watch for it (a
+# CRD installed after the operator started is watched from its next start)
+LWS_KIND = (lws.GROUP, lws.API_VERSION.split("/")[1], lws.PLURAL)
 SERVICE_KIND = ("v1", "services")
 POD_KIND = ("v1", "pods")
 # the kinds watched only for objects we made (server-side label selector, see configure)
-WATCHED_OWNED = (DEPLOYMENT_KIND, SERVICE_KIND, POD_KIND)
+WATCHED_OWNED = (DEPLOYMENT_KIND, LWS_KIND, SERVICE_KIND, POD_KIND)
 # kinds whose listed objects need no handler while the start-up is under way, so they need
 # not wait at kopf's start-up gate (kopf_tweaks.index_only_kinds_skip_the_gate): a listed
 # pool Deployment is indexed, and its resource's own listed event passes it once the gate opens
-LISTED_WITHOUT_THE_GATE = (DEPLOYMENT_KIND,)
+LISTED_WITHOUT_THE_GATE = (DEPLOYMENT_KIND, LWS_KIND)
 RUNNING_PODS = "status.phase=Running"
 RESYNC_SECONDS = 30.0
 # How long kopf keeps an object's worker (a task, its queue, the last event) after its last
@@ -94,7 +103,17 @@ def pod_index_entry(body: Mapping[str, Any]) -> dict:
     if labels.get(LABEL_TRAFFIC_CLASS):
         pool = pool_key(pool, labels[LABEL_TRAFFIC_CLASS])
     key = (meta.get("namespace"), labels.get(LABEL_RESOURCE), pool)
-    return {key: (meta.get("name"), status["podIP"])}
+    return {key: (meta.get("name"), status["podIP"], membership_meta(meta))}
+
+
+def membership_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What naming.pool_member reads of a pod: its controller reference and two labels."""
+    labels = meta.get("labels") or {}
+    ref = controller_ref(meta)
+    return {
+        "labels": {k: labels[k] for k in (LABEL_CANARY, LABEL_POD_TEMPLATE_HASH) if k in labels},
+        "ownerReferences": [dict(ref)] if ref is not None else [],
+    }
 
 
 def _pod_kept(body: dict[str, Any]) -> Any:
@@ -107,6 +126,7 @@ def _pod_kept(body: dict[str, Any]) -> Any:
 WATCH_PROJECTIONS = {
     ("", POD_KIND[0], POD_KIND[1]): _pod_kept,
     DEPLOYMENT_KIND: compact,
+    LWS_KIND: compact,
 }
 
 
@@ -117,6 +137,7 @@ class KopfView:
         self.resources: Any = None
         self.nodes: Any = None
         self.deployments: Any = None
+        self.leaderworkersets: Any = None
         self.services: Any = None
         self.pods: Any = None
         self.canaries: Any = None
@@ -137,6 +158,7 @@ class KopfView:
             self.resources = kwargs["mtpi_index"]
             self.nodes = kwargs["gpu_node_index"]
             self.deployments = kwargs["pool_deployment_index"]
+            self.leaderworkersets = kwargs["pool_lws_index"]
             self.services = kwargs["service_index"]
             self.pods = kwargs["pool_pod_index"]
             self.canaries = kwargs["canary_pod_index"]
@@ -154,21 +176,49 @@ class KopfView:
         return [node for store in self.nodes.values() for node in store]
 
     def pool_deployments(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
+        """Pool Deployments and LeaderWorkerSets by pool key (while a pool changes kind
+        both may be shown for a moment: the LeaderWorkerSet is the one returned)."""
         out = {}
-        for body in self.deployments.get(key, ()):
-            product = product_of(body)
-            if product:
-                out[product] = body
+        for index in (self.deployments, self.leaderworkersets):
+            for body in index.get(key, ()):
+                product = product_of(body)
+                if product:
+                    out[product] = body
         return out
 
     def pool_pod_ips(self, key: Key, product: str) -> dict[str, str]:
-        """Ready pods of one pool (`product`: its pool key): {pod name: pod IP}."""
+        """Ready pods of one pool (`product`: its pool key): {pod name: pod IP}. Only pods
+        the pool owns (naming.pool_member: its Deployment's ReplicaSets, or a canary of the
+        resource by UID); one carrying the pool's labels alone is not scraped (issue 36)."""
         gpu, traffic_class = split_pool_key(product)
         index_key = (key[0], label_value(key[1]), pool_key(label_value(gpu), traffic_class))
-        return dict(self.pods.get(index_key, ()))
+        body = self.resource(key)
+        uid = ((body or {}).get("metadata") or {}).get("uid") or ""
+        deployment = pool_deployment_name(key[1], gpu, traffic_class)
+        return {
+            name: ip
+            for name, ip, meta in self.pods.get(index_key, ())
+            if pool_member(meta, uid, deployment)
+        }
 
     def has_service(self, key: Key) -> bool:
         return bool(list(self.services.get(key, ())))
+
+    def service_selector(self, key: Key) -> Mapping[str, str] | None:
+        """The selector of the resource's own Service as the watch shows it (None: not shown)."""
+        name = service_name(key[1])
+        for svc_name, selector in self.services.get(key, ()):
+            if svc_name == name:
+                return selector
+        return None
+
+    def class_services(self, key: Key) -> Mapping[str, str]:
+        """The resource's class Services as the watch shows them: {name: class}."""
+        return {
+            svc_name: selector[LABEL_TRAFFIC_CLASS]
+            for svc_name, selector in self.services.get(key, ())
+            if selector.get(LABEL_TRAFFIC_CLASS)
+        }
 
     def canary_pods(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
         """The resource's tuning canary pods (Running): {pod name: its metadata}."""
@@ -204,10 +254,18 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         key = owner_key(body)
         return {key: slim(body)} if key else {}
 
+    @kopf.index(*LWS_KIND, labels=OWNED, id="pool_lws_index", registry=registry)
+    async def pool_lws_index(body: kopf.Body, **_: Any) -> dict:
+        key = owner_key(body)
+        return {key: slim(body)} if key else {}
+
     @kopf.index(*SERVICE_KIND, labels=OWNED, id="service_index", registry=registry)
     async def service_index(body: kopf.Body, **_: Any) -> dict:
         key = owner_key(body)
-        return {key: True} if key else {}
+        if not key:
+            return {}
+        selector = dict((body.get("spec") or {}).get("selector") or {})
+        return {key: ((body.get("metadata") or {}).get("name", ""), selector)}
 
     @kopf.index(*POD_KIND, labels=OWNED, id="pool_pod_index", registry=registry)
     async def pool_pod_index(body: kopf.Body, **_: Any) -> dict:
@@ -246,6 +304,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         if reconciler.gpu_inventory_changed():
             await reconciler.reconcile_for_nodes()
 
+    @kopf.on.event(*LWS_KIND, labels=OWNED, registry=registry)
     @kopf.on.event(*DEPLOYMENT_KIND, labels=OWNED, registry=registry)
     async def pool_changed(event: dict, body: kopf.Body, **kw: Any) -> None:
         if event.get("type") is None and not view.ready:

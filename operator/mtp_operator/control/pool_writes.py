@@ -36,8 +36,17 @@ from mtp_operator.events import (
     pool_retained,
     pool_updated,
 )
+from mtp_operator.lws import group_size, is_leaderworkerset, pods_shape
 from mtp_operator.model_cache import effective
-from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, ANNOTATION_SETTINGS_HASH
+from mtp_operator.naming import (
+    ANNOTATION_GPU_PRODUCT,
+    ANNOTATION_SETTINGS_HASH,
+    LABEL_OWNER_UID,
+    class_service_name,
+    inference_pool_name,
+    owner_label_rolled_out,
+    picker_config_name,
+)
 from mtp_operator.planning import PoolPlan
 from mtp_operator.reconcile_plan import Applied, PassPlan, product_of, resource_version
 from mtp_operator.status import observe_deployment, retained_entry
@@ -116,20 +125,14 @@ class PoolWrites:
         get no PoolUpdated Event besides."""
         hashes: dict[str, str] = {}
         try:
-            slot = self.slot(key)
-            since = time.monotonic() - slot.service_applied
-            if self.view.has_service(key):
-                slot.service_seen = True
-            elif slot.service_seen or since > SERVICE_WATCH_GRACE:
-                async with self._in_turn():
-                    await self.kube.apply(desired.objects()[0])
-                slot.service_applied, slot.service_seen = time.monotonic(), False
+            await self._apply_service(key, body, desired, observed_bodies)
             for digest, pool in zip(desired.hashes, plan.pools, strict=True):
                 hashes[pool.key] = digest
             await self._apply_pools(body, desired, plan, observed_bodies, announced)
             await self._apply_routing(key, desired, plan)
             await self._apply_canaries(key, body, plan)
             removed = await self._remove_pools(key, body, observed_bodies, plan)
+            await self._remove_routing(key, body, plan)
             retained = await self._retained(key, body, previous, observed_bodies, plan)
         except (ApiError, TransportError) as err:
             if isinstance(err, ApiError):
@@ -139,6 +142,38 @@ class PoolWrites:
             log.warning("reconcile %s/%s failed: %s", key[0], key[1], error)
             return Applied(hashes, [], error)
         return Applied(hashes, removed, retained=retained)
+
+    async def _apply_service(
+        self,
+        key: Key,
+        body: Mapping[str, Any],
+        desired: builders.DesiredSet,
+        observed: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        """The resource's Service: made when missing; it selects by the owner's UID label as
+        soon as no pod of the resource can lack it (naming.owner_label_rolled_out), before
+        that by the resource label alone, and once it does it never goes back (issue 36)."""
+        slot = self.slot(key)
+        since = time.monotonic() - slot.service_applied
+        selector = self.view.service_selector(key)
+        if selector is not None and LABEL_OWNER_UID in selector:
+            slot.service_seen = True
+            return
+        if selector is None and not (slot.service_seen or since > SERVICE_WATCH_GRACE):
+            return  # our apply stands in for the watch's copy for now
+        uid = (body.get("metadata") or {}).get("uid") or ""
+        tighten = owner_label_rolled_out(
+            observed.values(), self.view.canary_pods(key).values(), uid
+        )
+        if selector is not None:
+            slot.service_seen = True
+            if not tighten or since <= SERVICE_WATCH_GRACE:
+                return  # nothing to change, or our tightening not shown yet
+        svc = desired.objects()[0]
+        async with self._in_turn():
+            await self.kube.apply(svc if tighten else builders.label_only_service(svc))
+        slot.service_applied = time.monotonic()
+        slot.service_seen = selector is not None
 
     async def _apply_routing(self, key: Key, desired: builders.DesiredSet, plan: PassPlan) -> None:
         """The routing objects of a resource with traffic classes (mtp_operator.routing, after
@@ -171,6 +206,42 @@ class PoolWrites:
             memo[ident] = text
         slot.routing_set = desired if complete else None
 
+    async def _remove_routing(
+        self, key: Key, body: Mapping[str, Any], plan: PassPlan
+    ) -> None:
+        """Delete the routing objects the spec no longer plans (issue 39): the Service of a
+        class taken out of the list and, once the spec has no classes, the InferencePool and
+        the picker's ConfigMap. Which exist: the class Services the watch shows and what this
+        process applied (the InferencePool and ConfigMap are not watched: with no classes
+        left they are looked for while a class Service still shows, so they go first and a
+        failed delete is tried again next pass). Only objects whose controller is this
+        resource (by UID) are deleted. Nothing to delete, no request."""
+        if plan.spec is None:
+            return  # an invalid spec plans nothing; delete nothing on its account
+        name = key[1]
+        classes = [c.name for c in plan.spec.speculative.classes or ()]
+        wanted = {("Service", class_service_name(name, c)) for c in classes}
+        if classes:
+            wanted |= {("InferencePool", inference_pool_name(name)),
+                       ("ConfigMap", picker_config_name(name))}
+        slot = self.slot(key)
+        seen = {("Service", n) for n in self.view.class_services(key)}
+        stale = (seen | set(slot.routing)) - wanted
+        if not stale:
+            return
+        if not classes:
+            stale |= {("InferencePool", inference_pool_name(name)),
+                      ("ConfigMap", picker_config_name(name))}
+        uid = (body.get("metadata") or {}).get("uid") or ""
+        order = {"InferencePool": 0, "ConfigMap": 1, "Service": 2}
+        for kind, obj_name in sorted(stale, key=lambda i: (order[i[0]], i[1])):
+            async with self._in_turn():
+                deleted = await self.kube.delete_owned(kind, key[0], obj_name, uid)
+            slot.routing.pop((kind, obj_name), None)
+            if deleted:
+                log.info("%s/%s: %s %s deleted: no class of the spec routes through it",
+                         key[0], name, kind, obj_name)
+
     async def _remove_pools(
         self,
         key: Key,
@@ -184,7 +255,7 @@ class PoolWrites:
             if fate.action != "remove" or fate.key not in observed:
                 continue
             dep = observed[fate.key]
-            await self.kube.delete_deployment(key[0], dep["metadata"]["name"])
+            await self._delete_pool(key[0], dep)
             self.slot(key).pools.pop(fate.key, None)
             self.slot(key).drift_memo.pop(fate.key, None)
             removed.append(fate.key)
@@ -192,6 +263,15 @@ class PoolWrites:
                 body, REASON_POOL_REMOVED, pool_removed(fate.key, fate.message)
             )
         return removed
+
+    async def _delete_pool(self, namespace: str, pool: Mapping[str, Any]) -> None:
+        """Delete a pool's object, a Deployment or a LeaderWorkerSet (its groups' pods and
+        StatefulSets go with it: the LWS controller owns them)."""
+        name = (pool.get("metadata") or {}).get("name", "")
+        if is_leaderworkerset(pool):
+            await self.kube.delete_leaderworkerset(namespace, name)
+        else:
+            await self.kube.delete_deployment(namespace, name)
 
     async def _retained(
         self,
@@ -333,7 +413,7 @@ class PoolWrites:
         if hit is not None and now - hit[0] < 1.0:
             return hit[1]
         pools = [
-            dep
+            pods_shape(dep)  # a LeaderWorkerSet counts groups x pods per group
             for key in self.view.resource_keys()
             for dep in self.view.pool_deployments(key).values()
             if ((dep.get("metadata") or {}).get("annotations") or {}).get(
@@ -342,6 +422,31 @@ class PoolWrites:
         room = rollout.product_room(product, self.view.gpu_nodes(), pools)
         rooms[product] = (now, room)
         return room
+
+    def _canaries_taking_a_replica(self, key: Key, plan: PassPlan) -> frozenset[str]:
+        """The pools (keys) whose tuning canary takes one of their replicas
+        (builders.desired_objects): those whose product has no spare slot for the canary with
+        the pool at full size. With one, the canary runs beside the full pool and the trial
+        costs no capacity (issue 37). The pool is counted at its full size whatever its
+        Deployment has now, so the choice does not flip once the pool has given a replica up.
+        Canary pods themselves are not counted (neither are other workloads' pods)."""
+        spec = plan.spec
+        if spec is None or not plan.canaries:
+            return frozenset(plan.canaries)
+        observed = self.view.pool_deployments(key)
+        out = set()
+        for pool_key, canary in plan.canaries.items():
+            room = self._product_room(canary.gpu_product)
+            dep = observed.get(pool_key)
+            now = rollout.requested_gpus(dep) if dep is not None else 0
+            full = spec.replicas * spec.tensor_parallel_size
+            room = rollout.ProductRoom(room.product, room.allocatable_gpus,
+                                       room.requested_gpus - now + full, room.largest_node_gpus)
+            decision = rollout.surge_decision(room, spec.tensor_parallel_size, 1,
+                                              spec.host_network)
+            if not decision.surge:
+                out.add(pool_key)
+        return frozenset(out)
 
     def _rollout_writes(
         self,
@@ -356,6 +461,9 @@ class PoolWrites:
         notes: dict[str, str] = {}
         budgets: dict[tuple[str, str], int] = self.__dict__.setdefault("_pool_budgets", {})
         for pool, (obj, _rv, _event) in writes:
+            if is_leaderworkerset(obj):  # its own rollingUpdateConfiguration: a group at a
+                out.append((obj, None))   # time, no surge (a group holds N nodes); no budget
+                continue
             observed = observed_bodies.get(pool.key)
             rolls = rollout.rolls_pods(obj, observed, ANNOTATION_SETTINGS_HASH)
             replicas = obj["spec"]["replicas"]
@@ -383,31 +491,6 @@ class PoolWrites:
         memo entry that compared against it: when the watched copy brings no news, no pass
         replaces that entry, and it would keep the returned spec, a second copy of the pool
         (~10 KB), for as long as the pool is unchanged."""
-    def _canaries_taking_a_replica(self, key: Key, plan: PassPlan) -> frozenset[str]:
-        """The pools (keys) whose tuning canary takes one of their replicas
-        (builders.desired_objects): those whose product has no spare slot for the canary with
-        the pool at full size. With one, the canary runs beside the full pool and the trial
-        costs no capacity (issue 37). The pool is counted at its full size whatever its
-        Deployment has now, so the choice does not flip once the pool has given a replica up.
-        Canary pods themselves are not counted (neither are other workloads' pods)."""
-        spec = plan.spec
-        if spec is None or not plan.canaries:
-            return frozenset(plan.canaries)
-        observed = self.view.pool_deployments(key)
-        out = set()
-        for pool_key, canary in plan.canaries.items():
-            room = self._product_room(canary.gpu_product)
-            dep = observed.get(pool_key)
-            now = rollout.requested_gpus(dep) if dep is not None else 0
-            full = spec.replicas * spec.tensor_parallel_size
-            room = rollout.ProductRoom(room.product, room.allocatable_gpus,
-                                       room.requested_gpus - now + full, room.largest_node_gpus)
-            decision = rollout.surge_decision(room, spec.tensor_parallel_size, 1,
-                                              spec.host_network)
-            if not decision.surge:
-                out.add(pool_key)
-        return frozenset(out)
-
         ours = slot.pools.pop(product)
         memo = slot.drift_memo.get(product)
         if memo is not None and memo[1] is ours.get("spec"):
@@ -487,12 +570,19 @@ class PoolWrites:
                 continue
             old = observed_bodies.get(product_of(obj) or "")
             old_name = ((old or {}).get("metadata") or {}).get("name")
-            if old_name and old_name != obj["metadata"]["name"]:
-                await self.kube.delete_deployment(meta.get("namespace", ""), old_name)
-                await self.kube.event(owner, REASON_POOL_REMOVED, pool_removed(
-                    product_of(obj) or "?",
-                    f"Deployment {old_name} deleted: the pool's name changed to "
-                    f"{obj['metadata']['name']}"))
+            if not old_name or old is None:
+                continue
+            old_kind = "LeaderWorkerSet" if is_leaderworkerset(old) else "Deployment"
+            new_kind = "LeaderWorkerSet" if is_leaderworkerset(obj) else "Deployment"
+            if old_name != obj["metadata"]["name"]:
+                why = f"the pool's name changed to {obj['metadata']['name']}"
+            elif old_kind != new_kind:  # a replica now spans several nodes, or one again
+                why = f"the pool is a {new_kind} now ({group_size(obj)} node(s) per replica)"
+            else:
+                continue
+            await self._delete_pool(meta.get("namespace", ""), old)
+            await self.kube.event(owner, REASON_POOL_REMOVED, pool_removed(
+                product_of(obj) or "?", f"{old_kind} {old_name} deleted: {why}"))
 
     def _drift(
         self,
@@ -545,6 +635,10 @@ class PoolWrites:
         if "name" in changed and old:  # renamed: made under its new name, the old one deleted
             message = f"{pool_created(plan, desired['metadata']['name'])} (replaces {old}: the " \
                       "pool's name changed)"
+            return desired, None, (REASON_POOL_CREATED, message, "Normal")
+        if "pool kind" in changed and old:  # Deployment <-> LeaderWorkerSet: made anew,
+            message = (f"{pool_created(plan, desired['metadata']['name'])} as a "  # old deleted
+                       f"{desired['kind']} (replaces the {old} of the other kind)")
             return desired, None, (REASON_POOL_CREATED, message, "Normal")
         ours = desired["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH]
         theirs = (observed.get("metadata") or {}).get("annotations", {}).get(

@@ -34,7 +34,17 @@ class Kube(Protocol):
 
     async def delete_deployment(self, namespace: str, name: str) -> None: ...
 
+    async def delete_leaderworkerset(self, namespace: str, name: str) -> None:
+        """Delete a multi-node pool's LeaderWorkerSet (404: already gone)."""
+        ...
+
     async def delete_pod(self, namespace: str, name: str) -> None: ...
+
+    async def delete_owned(self, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+        """Delete a routing object (`Service`, `ConfigMap`, `InferencePool`) only if its
+        controller ownerReference is the owner with `owner_uid`; False when it is gone
+        (404) or not that owner's (left alone)."""
+        ...
 
     async def patch_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
@@ -60,14 +70,25 @@ class ClusterView(Protocol):
     def resource_keys(self) -> Iterable[Key]: ...
     def gpu_nodes(self) -> Iterable[GPUNode]: ...
     def pool_deployments(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
-        """The resource's pool Deployments by GPU product."""
+        """The resource's pool objects by pool key: Deployments, and the LeaderWorkerSets
+        of multi-node pools (lws.is_leaderworkerset tells them apart)."""
         ...
 
     def pool_pod_ips(self, key: Key, product: str) -> dict[str, str]:
-        """Ready pods of one pool: {pod name: pod IP}."""
+        """Ready pods of one pool, proven its by ownership (naming.pool_member):
+        {pod name: pod IP}."""
         ...
 
     def has_service(self, key: Key) -> bool: ...
+
+    def service_selector(self, key: Key) -> Mapping[str, str] | None:
+        """The resource's own Service's selector as watched; None while it is not shown."""
+        ...
+
+    def class_services(self, key: Key) -> Mapping[str, str]:
+        """The resource's traffic class Services the watch shows: {Service name: its class}
+        (those whose selector has mtp-operator.io/traffic-class)."""
+        ...
 
     def canary_pods(self, key: Key) -> Mapping[str, Mapping[str, Any]]:
         """The resource's tuning canary pods the watch shows (Running ones): {pod name: its
