@@ -140,15 +140,21 @@ ALLOWED = [
     ("create", "events", "-n", "team-a"),
     ("create", "pods", "-n", "team-a"),  # a tuning canary (spec.speculative.tuning: Auto)
     ("delete", "pods", "-n", "team-a"),  # removed after its trial
+    # traffic classes taken out of a spec: a class Service and the picker's ConfigMap are
+    # read, then deleted only when the MTPInference is their controller
+    ("get", "configmaps", "-n", "team-a"),
+    ("delete", "configmaps", "-n", "team-a"),
+    ("delete", "services", "-n", "team-a"),
 ]
 REFUSED = [
     ("get", "secrets", "-n", "{ns}"),
     ("list", "secrets", "--all-namespaces"),
-    ("get", "configmaps", "-n", "{ns}"),
+    ("list", "configmaps", "--all-namespaces"),
+    ("update", "configmaps", "-n", "team-a"),
     ("update", "mtpinferences.mtp-operator.io", "-n", "team-a"),  # never writes the spec
     ("patch", "mtpinferences.mtp-operator.io", "-n", "team-a"),  # nor metadata
     ("get", "secrets", "--all-namespaces"),
-    ("delete", "services", "-n", "team-a"),  # the garbage collector removes them
+    ("update", "services", "-n", "team-a"),  # applied (patch), never updated
     ("delete", "mtpinferences.mtp-operator.io", "-n", "team-a"),
     ("create", "mtpinferences.mtp-operator.io", "-n", "team-a"),
     ("update", "deployments.apps", "-n", "team-a"),
