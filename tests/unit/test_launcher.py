@@ -99,6 +99,19 @@ def start_runtime(cfg: Path, env: dict[str, str], *extra: str) -> subprocess.Pop
                             text=True)
 
 
+def kill_fake_vllm(tmp: Path) -> None:
+    """A failed test kills the runtime; its fake vLLM child would run on: end it too."""
+    needle = str(tmp / "bin" / "vllm").encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
 def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -261,6 +274,7 @@ def test_sigterm_drains_before_vllm_is_stopped(setup) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+        kill_fake_vllm(tmp)
     assert proc.returncode == 0
     assert (tmp / "vllm.signal").read_text() == str(int(signal.SIGTERM))
     events = log_events(stderr)
@@ -300,6 +314,7 @@ def test_drain_command_is_the_prestop(setup) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+        kill_fake_vllm(tmp)
     assert proc.returncode == 0
     begun = next(e for e in log_events(stderr) if e["event"] == "drain_begun")
     assert begun["started_at"] == round(started, 3)  # the preStop's drain, continued
