@@ -60,8 +60,9 @@ def test_serve_launches_the_real_engine_with_k(engine_k2: RealEngine) -> None:
     assert argv[:3] == [str(engine_k2.vllm), "serve", str(engine_k2.model)]
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec == {"method": "mtp", "num_speculative_tokens": 2}
-    assert argv[-5:] == ["--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager",
-                         "--host", "127.0.0.1"]
+    # the engine's own flags, then the runtime's drain backstop (issue 37)
+    assert argv[-7:] == ["--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager",
+                         "--host", "127.0.0.1", "--shutdown-timeout", "10"]
     ready = [e for e in events if e["event"] == "vllm_ready"]
     assert len(ready) == 1 and ready[0]["port"] == engine_k2.port
     assert http_get(f"{engine_k2.url}/health")[0] == 200

@@ -423,31 +423,6 @@ class PoolWrites:
         rooms[product] = (now, room)
         return room
 
-    def _canaries_taking_a_replica(self, key: Key, plan: PassPlan) -> frozenset[str]:
-        """The pools (keys) whose tuning canary takes one of their replicas
-        (builders.desired_objects): those whose product has no spare slot for the canary with
-        the pool at full size. With one, the canary runs beside the full pool and the trial
-        costs no capacity (issue 37). The pool is counted at its full size whatever its
-        Deployment has now, so the choice does not flip once the pool has given a replica up.
-        Canary pods themselves are not counted (neither are other workloads' pods)."""
-        spec = plan.spec
-        if spec is None or not plan.canaries:
-            return frozenset(plan.canaries)
-        observed = self.view.pool_deployments(key)
-        out = set()
-        for pool_key, canary in plan.canaries.items():
-            room = self._product_room(canary.gpu_product)
-            dep = observed.get(pool_key)
-            now = rollout.requested_gpus(dep) if dep is not None else 0
-            full = spec.replicas * spec.tensor_parallel_size
-            room = rollout.ProductRoom(room.product, room.allocatable_gpus,
-                                       room.requested_gpus - now + full, room.largest_node_gpus)
-            decision = rollout.surge_decision(room, spec.tensor_parallel_size, 1,
-                                              spec.host_network)
-            if not decision.surge:
-                out.add(pool_key)
-        return frozenset(out)
-
     def _rollout_writes(
         self,
         writes: list[tuple[PoolPlan, tuple[Mapping[str, Any], str | None, tuple[str, str, str]]]],

@@ -417,8 +417,7 @@ class Reconciler(PoolWrites):
         if not plan.problems:
             assert plan.spec is not None
             desired = self._desired(
-                key, meta.get("uid", ""), plan.spec, plan.pools,
-                self._canaries_taking_a_replica(key, plan),  # issue 37: not with a spare slot
+                key, meta.get("uid", ""), plan.spec, plan.pools, frozenset(plan.canaries)
             )
             rolled = frozenset(d.state.gpu_product for d in decisions if d.record is not None)
             try:
