@@ -344,15 +344,16 @@ def serve_settings(spec: MTPInferenceSpec, k: int) -> ServeSettings:
     )
 
 
-def _data_parallel(spec: MTPInferenceSpec) -> bool:
-    """VLLM_DP_SIZE > 1 in the pod's env (the DP flags are reserved in extraArgs)."""
-    for item in spec.env or []:
+def data_parallel_size(spec: MTPInferenceSpec) -> tuple[int, int | None]:
+    """(VLLM_DP_SIZE in the pod's env, its index in spec.env); (1, None) when unset or not a
+    number. The DP flags are reserved in extraArgs, so the env is the one way to set it."""
+    for i, item in enumerate(spec.env or []):
         if isinstance(item, Mapping) and item.get("name") == "VLLM_DP_SIZE":
             try:
-                return int(str(item.get("value", "1")).strip()) > 1
+                return int(str(item.get("value", "1")).strip()), i
             except ValueError:
-                return False
-    return False
+                return 1, None
+    return 1, None
 
 
 def plan_pool(
@@ -381,7 +382,7 @@ def plan_pool(
             serve, pipeline_parallel_size=fit.pipeline_parallel_size, nnodes=fit.nodes
         )
     if resolution.schedule and not serve.batch_size_schedule and source != "tuned" \
-            and spec.speculative.tuning.mode == "Off" and not _data_parallel(spec):
+            and spec.speculative.tuning.mode == "Off" and data_parallel_size(spec)[0] <= 1:
         # a measured profile's K per batch-size band (a rollback caps every band); a pool
         # being tuned runs one K, which is what a tuning window can measure; vLLM 0.33 drops
         # a schedule under data parallelism (validation.data_parallel_problems)

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
-from mtp_operator.planning import validate_spec
+from mtp_operator.planning import data_parallel_size, validate_spec
 from mtp_operator.pod_parts import pod_part_problems
 from mtp_operator.traffic_classes import class_problems
 from mtp_operator.tuning.settings import tuning_problems
@@ -50,18 +50,12 @@ def data_parallel_problems(spec: MTPInferenceSpec) -> list[Problem]:
     reserved in extraArgs; VLLM_DP_SIZE in env (ParallelConfig's fallback) is the way left."""
     if not spec.speculative.batch_size_schedule:
         return []
-    for i, item in enumerate(spec.env or []):
-        if not isinstance(item, Mapping) or item.get("name") != "VLLM_DP_SIZE":
-            continue
-        try:
-            size = int(str(item.get("value", "1")).strip())
-        except ValueError:
-            continue
-        if size > 1:
-            return [Problem(
-                "speculative.batchSizeSchedule",
-                f"vLLM 0.33 ignores it with data parallelism > 1 (env[{i}] VLLM_DP_SIZE="
-                f"{size}) and runs the static numSpeculativeTokens; drop one of the two")]
+    size, i = data_parallel_size(spec)
+    if size > 1:
+        return [Problem(
+            "speculative.batchSizeSchedule",
+            f"vLLM 0.33 ignores it with data parallelism > 1 (env[{i}] VLLM_DP_SIZE="
+            f"{size}) and runs the static numSpeculativeTokens; drop one of the two")]
     return []
 
 

@@ -290,18 +290,19 @@ def resolve_k(
             raise KError(f"speculative.profiles[{product}]", _depth_message(own, depth))
         k, source, reason = own, "override", "speculative.profiles entry"
     else:
-        hybrid = is_hybrid(request.model, request.method)
-        k, source = default_k(product, cluster_overrides, hybrid), "profile"
-        family = product_family(product) or "other GPUs"
-        reason = f"GPU profile for {family}"
-        profile = profile_for(product, hybrid)
-        from_table = not cluster_overrides or _lookup(cluster_overrides, product) is None
-        if profile is not None and from_table and profile in MEASURED_HYBRID_PROFILES:
-            reason = f"{reason}, hybrid model ({profile.reason})"
-        if profile is not None and profile.schedule and from_table:
-            schedule = profile.schedule
-            if profile not in MEASURED_HYBRID_PROFILES:
+        profile = profile_for(product, is_hybrid(request.model, request.method))
+        override = _lookup(cluster_overrides, product) if cluster_overrides else None
+        source = "profile"
+        reason = f"GPU profile for {product_family(product) or 'other GPUs'}"
+        if override is not None:
+            k = override
+        else:
+            k = profile.k if profile is not None else DEFAULT_K
+            if profile is not None and profile in MEASURED_HYBRID_PROFILES:
+                reason = f"{reason}, hybrid model ({profile.reason})"
+            elif profile is not None and profile.schedule:
                 reason = f"{reason} ({profile.reason})"
+            schedule = profile.schedule if profile is not None else ()
         share = share_of_card(product)
         exact = cluster_overrides and any(
             normalize_product(key).lower() == normalize_product(product).lower()

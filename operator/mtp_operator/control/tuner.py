@@ -158,8 +158,9 @@ class Tuner:
         running = trial.from_k if trial is not None else pool.num_speculative_tokens
         replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
         hybrid = is_hybrid(spec.model, spec.speculative.method)
+        cap = mem.capacity.get(running)
         d = decide(policy, running, trial, history, mem.table, guard, now, replicas,
-                   prior=prior_for(pool.gpu_product, hybrid), capacity=mem.capacity.get(running))
+                   prior=prior_for(pool.gpu_product, hybrid), capacity=cap)
         events: list[tuple[str, str, str]] = []
         product = pool.key
         ended_canary = None
@@ -182,7 +183,6 @@ class Tuner:
                 tuning.recommended_k if tuning else None):
             events.append((REASON_TUNING_RECOMMENDED, f"pool {product}: recommends K="
                            f"{d.recommended_k} (runs K={running}): {d.reason}", "Normal"))
-        cap = mem.capacity.get(running)
         was, mem.at_capacity = mem.at_capacity, cap is not None and cap.at_capacity
         if cap is not None and cap.at_capacity and not was:
             events.append((REASON_CONCURRENCY_AT_CAPACITY, f"pool {product}: requests wait for "
