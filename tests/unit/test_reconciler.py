@@ -545,6 +545,27 @@ async def test_a_rollout_surges_where_the_product_has_a_spare_slot() -> None:
     assert deploys[L40S]["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
 
 
+async def test_a_scale_and_a_k_change_in_one_pass_count_the_new_size() -> None:
+    """A scale 1 -> 2 and a change of K that reach the operator as one spec (the watch had
+    not delivered the scale yet): the room is counted with the pool at 2 replicas, 16 of the
+    node's 16 GPUs, so there is no spare slot and one old pod goes first. Counting the watched
+    1 replica would surge a pod the node has no GPUs for."""
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100, gpus=16)])
+    view.add(mtpinference("res", {**SPEC, "gpuProducts": [H100]}))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    body = view.resources[KEY]
+    body["spec"] = {**SPEC, "gpuProducts": [H100], "replicas": 2,
+                    "speculative": {"numSpeculativeTokens": 1}}
+    body["metadata"]["generation"] = 2
+    await rec.reconcile(KEY)
+    deploy = kube.deployments()[H100]
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert f"no spare slot on {H100} (0 of 16 GPUs" in kube.events[-1][2]
+
+
 async def test_a_refused_disruption_budget_does_not_fail_the_pool_write(cluster) -> None:
     """An install whose RBAC predates budgets: the PDB apply gets 403, the pools are written
     and the pass succeeds; the budget is tried again with the pool's next write."""

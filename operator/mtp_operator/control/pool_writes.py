@@ -403,25 +403,29 @@ class PoolWrites:
         if resource_version(out):
             self._owner_slot(owner).pools[plan.key] = out
 
-    def _product_room(self, product: str) -> rollout.ProductRoom:
-        """`product`'s GPUs and what the operator's pools of every resource request there,
-        summed again at most once a second (a rollout of every pool asks for each)."""
-        rooms: dict[str, tuple[float, rollout.ProductRoom]] = self.__dict__.setdefault(
-            "_rollout_rooms", {})
+    def _product_room(self, product: str, writing: Mapping[str, Any]) -> rollout.ProductRoom:
+        """`product`'s GPUs and what the operator's pools of every resource request there, with
+        the pool being written (`writing`) counted at its desired size, not the watched one: a
+        scale and a change of K folded into one write must not find the old size's room. The
+        watched pools are gathered again at most once a second (a rollout of every pool asks)."""
+        rooms: dict[str, tuple[float, list[tuple[tuple[str, str], Mapping[str, Any]]]]] = (
+            self.__dict__.setdefault("_rollout_rooms", {}))
         now = time.monotonic()
         hit = rooms.get(product)
-        if hit is not None and now - hit[0] < 1.0:
-            return hit[1]
-        pools = [
-            pods_shape(dep)  # a LeaderWorkerSet counts groups x pods per group
-            for key in self.view.resource_keys()
-            for dep in self.view.pool_deployments(key).values()
-            if ((dep.get("metadata") or {}).get("annotations") or {}).get(
-                ANNOTATION_GPU_PRODUCT) == product
-        ]
-        room = rollout.product_room(product, self.view.gpu_nodes(), pools)
-        rooms[product] = (now, room)
-        return room
+        if hit is None or now - hit[0] >= 1.0:
+            watched = [
+                (_name_of(dep), pods_shape(dep))  # a LeaderWorkerSet: groups x pods per group
+                for key in self.view.resource_keys()
+                for dep in self.view.pool_deployments(key).values()
+                if ((dep.get("metadata") or {}).get("annotations") or {}).get(
+                    ANNOTATION_GPU_PRODUCT) == product
+            ]
+            hit = (now, watched)
+            rooms[product] = hit
+        own = _name_of(writing)
+        pools = [dep for name, dep in hit[1] if name != own]
+        pools.append(pods_shape(writing))
+        return rollout.product_room(product, self.view.gpu_nodes(), pools)
 
     def _rollout_writes(
         self,
@@ -444,7 +448,7 @@ class PoolWrites:
             replicas = obj["spec"]["replicas"]
             if rolls:
                 decision = rollout.surge_decision(
-                    self._product_room(pool.gpu_product), rollout.pod_gpus(obj), replicas,
+                    self._product_room(pool.gpu_product, obj), rollout.pod_gpus(obj), replicas,
                     bool(obj["spec"]["template"]["spec"].get("hostNetwork")))
                 obj = rollout.with_rolling_update(obj, decision.rolling_update)
                 notes[pool.key] = f"pool {pool.key}: {decision.message}"
@@ -630,3 +634,8 @@ class PoolWrites:
         else:
             event = REASON_POOL_UPDATED, pool_updated(plan), "Normal"
         return desired, rv, event
+
+
+def _name_of(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return (meta.get("namespace", ""), meta.get("name", ""))
