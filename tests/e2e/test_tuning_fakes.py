@@ -6,7 +6,7 @@ drafts/s = SCALE / (BASE + PER_TOKEN * K). With per-position acceptance p the ou
 replica is then (1 + p + ... + p^(K-1)) drafts-worth per step: the best K follows from the
 numbers below by hand (K=1: 1/0.018 = 55.6 steps/s x 1.8 tokens = 100 tok/s; K=2: 38.5 x 2.44
 = 93.8; K=3: 29.4 x 2.95 = 86.8; K=4: 23.8 x 3.36 = 80.0 at SCALE 1). The real engines'
-proof is bench/tuning.py; this checks the operator's loop: status, Events, planning, GitOps.
+proof is bench/tuning/tuning.py; this checks the operator's loop: status, Events, planning, GitOps.
 """
 
 from __future__ import annotations

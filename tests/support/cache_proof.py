@@ -5,7 +5,7 @@ with the pool's configuration (the model as a hub id, K, and the cache volume or
 fresh home folder (a new container's file system), with `HF_ENDPOINT` pointing at
 `support.hub_standin.HubStandIn`. It waits for the runtime's `model_loaded` log line (vLLM's
 /health answered), reads the runtime's exporter, stops the pod (SIGTERM) and returns what the
-hub was asked meanwhile. Shared by tests/engine/test_model_cache.py and bench/model_cache.py.
+hub was asked meanwhile. Shared by tests/engine/test_model_cache.py and bench/cache/model_cache.py.
 """
 
 from __future__ import annotations

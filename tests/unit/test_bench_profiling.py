@@ -1,4 +1,4 @@
-"""bench/profiling.py: the summary of a py-spy profile and the per-process CPU figures."""
+"""bench/common/profiling.py: the summary of a py-spy profile and the per-process CPU figures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "common"))
 
 import profiling  # noqa: E402
 

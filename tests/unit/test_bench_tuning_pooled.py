@@ -1,4 +1,5 @@
-"""bench/tuning_pooled.py: the sweeps of several bench/tuning.py runs pooled per class and K."""
+"""bench/tuning/tuning_pooled.py: the sweeps of several bench/tuning/tuning.py runs pooled per
+class and K."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "tuning"))
 
 import tuning_pooled  # noqa: E402
 

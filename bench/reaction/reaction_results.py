@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox")]
 
 from reaction_common import BROKEN, HEALTHY  # noqa: E402
@@ -23,7 +23,7 @@ def _row(name: str, s: dict[str, Any], what: str) -> str:
 
 
 def _profiles(profiles: dict[str, Any]) -> list[str]:
-    """Where the CPU went in each profiled phase (bench/profiling.py)."""
+    """Where the CPU went in each profiled phase (bench/common/profiling.py)."""
     out: list[str] = []
     for phase, p in profiles.items():
         procs = ", ".join(f"{r['command']} {r['cpu_s']:.2f} s" for r in p["cpu_by_process"][:6])
@@ -50,7 +50,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Rollback reaction time (sandbox)",
         "",
-        f"Measured {result['finished']} by `bench/reaction.py` on {m['nproc']} CPUs "
+        f"Measured {result['finished']} by `bench/reaction/reaction.py` on {m['nproc']} CPUs "
         f"({m['cpu'] or 'unknown CPU'}), {m['memory_gib']} GiB, Python {m['python']}, "
         f"kube-apiserver {m['kube_apiserver']} (local sandbox; {m['nodes']}); 1-minute load "
         f"average {m['loadavg_start']:.1f} at the start, {m['loadavg_end']:.1f} at the end "

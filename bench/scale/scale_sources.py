@@ -1,4 +1,4 @@
-"""Loopback metric sources for the evaluator benchmark (bench/scale_evaluator.py).
+"""Loopback metric sources for the evaluator benchmark (bench/scale/scale_evaluator.py).
 
 One process serves a recorded vLLM exposition (`--template`, a real engine's /metrics) on
 thousands of pod IPs at vLLM's port, one listening socket per IP, with live spec-decode
@@ -20,7 +20,7 @@ new connection for each read, as against a real engine.
 Pod kinds: `ok`; `dead` (no socket on its IP: connection refused); `hang` (accepts, never
 answers); `slow` (answers after --slow-seconds).
 
-    python bench/scale_sources.py --config sources.json    # prints "ready <n>" when bound
+    python bench/scale/scale_sources.py --config sources.json    # prints "ready <n>" when bound
 """
 
 from __future__ import annotations

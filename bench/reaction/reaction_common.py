@@ -1,5 +1,5 @@
-"""The reaction benchmark's shared parts (bench/reaction.py): the pool Deployment watch that
-times each change, summaries, and the sandbox cluster helpers."""
+"""The reaction benchmark's shared parts (bench/reaction/reaction.py): the pool Deployment
+watch that times each change, summaries, and the sandbox cluster helpers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox")]
 
 import yaml  # noqa: E402

@@ -19,9 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import scale_common  # noqa: F401  (first: it puts bench/common/ and tests/ on sys.path)
 import yaml
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.apps_v1 import Deployment
+
+# isort: split
 from machine_info import machine
 from profiling import PhaseProfile
 from scale_cluster import (
@@ -314,11 +317,11 @@ class Bench:
         )
 
     def reaction(self) -> None:
-        path = REPO / "bench" / "reaction.py"
+        path = REPO / "bench" / "reaction" / "reaction.py"
         if not path.exists():
-            self.result["reaction"] = "bench/reaction.py not present"
+            self.result["reaction"] = "bench/reaction/reaction.py not present"
             return
-        log("reaction: running bench/reaction.py on the same sandbox")
+        log("reaction: running bench/reaction/reaction.py on the same sandbox")
         old = os.environ.get("MTP_SANDBOX_DIR")
         os.environ["MTP_SANDBOX_DIR"] = str(self.sb.state_dir)
         try:

@@ -1,4 +1,4 @@
-"""bench/results/evaluator.json and evaluator.md from a bench/scale_evaluator.py result."""
+"""bench/results/evaluator.json and evaluator.md from a bench/scale/scale_evaluator.py result."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         "# The built-in evaluator at scale",
         "",
-        f"Run {r['started']} to {r['finished']} by `python bench/scale_evaluator.py` (part of "
-        "`make bench`; raw figures in [evaluator.json](evaluator.json)). "
+        f"Run {r['started']} to {r['finished']} by `python bench/scale/scale_evaluator.py` "
+        "(part of `make bench`; raw figures in [evaluator.json](evaluator.json)). "
         f"{s['resources']} MTPInferences x 4 GPU products, one Ready pod a pool: "
         f"{s['pods']} pods, each pod's /metrics read every {interval:.0f} s. The evaluator is "
         "the operator's own (control/evaluator.py: run_evaluator with the real Reconciler and "
@@ -118,7 +118,7 @@ def markdown(r: dict[str, Any]) -> str:
         "evaluator's own HTTP client (adapters/keepalive_http.py: one kept-alive connection a "
         "pod, the answer framed by an asyncio.Protocol); the aiohttp floor makes the same "
         "fetches through aiohttp's client, the evaluator's transport before.",
-        "- The metric sources (bench/scale_sources.py) run in one process beside the "
+        "- The metric sources (bench/scale/scale_sources.py) run in one process beside the "
         "evaluator on the same 2 CPUs; their CPU is not the evaluator's.",
         *[f"- {n}" for n in r.get("notes") or []],
         "",

