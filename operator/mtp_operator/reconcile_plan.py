@@ -105,7 +105,7 @@ def plan_pass(
     reason = REASON_INVALID_SPEC
     plans: list[PoolPlan] = []
     fates: list[PoolFate] = []
-    tuning = carried(previous, spec, metadata.get("generation"))  # measured K (tuning/)
+    tuning = carried(previous, spec, metadata.get("generation"), now)  # measured K (tuning/)
     canaries: dict[str, PoolPlan] = {}
     fits: dict[str, Fit] = {}
     if spec is not None and not blocking:

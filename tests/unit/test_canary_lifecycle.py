@@ -88,6 +88,33 @@ async def test_a_spec_edit_that_ends_the_trial_deletes_the_canary(new_spec, why)
     assert not [c for c in kube.calls if c[1] == CANARY]  # and never made again
 
 
+async def test_a_trial_ended_by_a_spec_edit_is_recorded_in_status() -> None:
+    """Defect 3: the trial the spec edit ended is kept in the pool's tuning history as
+    `superseded` (ended at the pass, with the generations named), and the new generation's
+    entry starts over: no trial, no tuned K, nothing measured. An edit that switches tuning
+    Off keeps no tuning entry at all (as before)."""
+    kube, view, rec = await canary_running()
+    view.add(mtpinference("res", {**spec(), "image": "registry.example/vllm:2"},
+                          generation=2))
+    await rec.reconcile(KEY)
+    (pool,) = kube.statuses[KEY]["pools"]
+    tuning = pool["tuning"]
+    assert tuning["generation"] == 2 and "trial" not in tuning and "tunedK" not in tuning
+    (ended,) = tuning["trials"]
+    assert (ended["k"], ended["fromK"], ended["kind"]) == (1, 4, "canary")
+    assert ended["started"] == "2026-12-01T08:00:00Z" and ended["ended"] == "2026-12-01T08:00:00Z"
+    assert ended["outcome"] == "superseded" and "generation 1 -> 2" in ended["reason"]
+    (said,) = deleted_events(kube)
+    assert "the spec changed" in said, said
+    view.deliver(kube, ready=True)
+    await rec.reconcile(KEY)  # the next pass keeps the entry (same generation now)
+    assert kube.statuses[KEY]["pools"][0]["tuning"]["trials"] == [ended]
+    off_kube, off_view, off_rec = await canary_running()
+    off_view.add(mtpinference("res", spec(mode="Off"), generation=2))
+    await off_rec.reconcile(KEY)
+    assert "tuning" not in off_kube.statuses[KEY]["pools"][0]
+
+
 async def test_a_rollback_of_the_pool_deletes_its_canary() -> None:
     kube, view, rec = await canary_running()
     actions = RollbackActions(kube, view, rec, clock=lambda: T0)

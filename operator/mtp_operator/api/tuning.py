@@ -160,7 +160,8 @@ class TuningTrial(_Model):
     kind: Literal["canary", "pool"]
     started: str
     ended: str | None = None
-    outcome: Literal["adopted", "returned", "aborted"] | None = None
+    outcome: Literal["adopted", "returned", "aborted", "superseded"] | None = Field(
+        None, description="superseded: a spec change (a new generation) ended the trial.")
     reason: str = ""
 
 

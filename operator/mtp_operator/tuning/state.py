@@ -26,17 +26,50 @@ from .estimator import CostFit, Measurement
 
 
 def carried(
-    previous: MTPInferenceStatus, spec: MTPInferenceSpec | None, generation: int | None
+    previous: MTPInferenceStatus, spec: MTPInferenceSpec | None, generation: int | None,
+    now: datetime | None = None,
 ) -> dict[str, PoolTuningStatus]:
     """The tuning entries a reconcile pass keeps, by GPU product: none when tuning is off, and
-    none from another spec generation (a new generation starts tuning over from the spec)."""
+    none from another spec generation (a new generation starts tuning over from the spec),
+    except that a trial the new generation ended is kept in a fresh entry's history as
+    `superseded` (issue 36: a spec edit mid-trial is recorded, not forgotten)."""
     if spec is None or all(mode == "Off" for mode in tuning_modes(spec)):
         return {}
-    return {
-        p.key: p.tuning
-        for p in previous.pools
-        if p.tuning is not None and p.tuning.generation == generation
-    }
+    out: dict[str, PoolTuningStatus] = {}
+    for p in previous.pools:
+        entry = p.tuning
+        if entry is None:
+            continue
+        if entry.generation == generation:
+            out[p.key] = entry
+        elif entry.trial is not None and now is not None:
+            out[p.key] = superseded(entry, spec, p.traffic_class, generation, now)
+    return out
+
+
+def superseded(entry: PoolTuningStatus, spec: MTPInferenceSpec, traffic_class: str | None,
+               generation: int | None, now: datetime) -> PoolTuningStatus:
+    """The new generation's first entry for a pool whose trial a spec change ended: nothing
+    measured, no trial, no tuned K; the ended trial last in its history."""
+    assert entry.trial is not None
+    why = (f"the spec changed (generation {entry.generation} -> {generation}): tuning starts "
+           "over from the spec's K")
+    ended = entry.trial.model_copy(update={"ended": format_time(now), "outcome": "superseded",
+                                           "reason": why})
+    return PoolTuningStatus(
+        mode=mode_of(spec, traffic_class), reason=why,
+        trials=[*entry.trials, ended][-MAX_TRIAL_HISTORY:], generation=generation,
+        updated=format_time(now),
+    )
+
+
+def mode_of(spec: MTPInferenceSpec, traffic_class: str | None) -> Any:
+    """The tuning mode of the pool of `traffic_class` (None: the resource's)."""
+    s = spec.speculative
+    for c in s.classes or ():
+        if c.name == traffic_class and c.tuning is not None:
+            return c.tuning.mode
+    return s.tuning.mode
 
 
 def with_tuning(
@@ -148,7 +181,8 @@ def canary_unwanted(
     if pinned:
         return "the pool is rolled back: rollback wins over tuning"
     entry = tuning.get(product)
-    if entry is None:
+    if entry is None or (entry.trial is None and entry.trials
+                         and entry.trials[-1].outcome == "superseded"):
         return ("no trial of this spec generation names it (the spec changed: a new "
                 "generation ends a trial)")
     if entry.trial is None or entry.trial.kind != "canary":
