@@ -34,7 +34,8 @@ log (the sandbox audits ServiceAccount requests; the operator runs as one, clust
 The kube-controller-manager gets --kube-api-qps --kcm-qps (default 200): at its default of
 20 the controller manager, not the operator or the client, paces both runs.
 
-Results: bench/results/scale.json and bench/results/README.md (table, machine, date).
+Results: bench/results/scale.json and scale.md (table, machine, date; README.md instead when
+--out is a folder of its own).
 
 evaluator   bench/scale/scale_evaluator.py's main() (the built-in evaluator at 4,000 pods against a
             bare client; results in bench/results/evaluator.json and evaluator.md).
@@ -99,7 +100,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--evaluator-args", default="",
         help="for bench/scale/scale_evaluator.py, e.g. '--resources 50'",
     )
-    p.add_argument("--rewrite", action="store_true", help="only rewrite README.md from scale.json")
+    p.add_argument("--rewrite", action="store_true", help="only rewrite the .md from scale.json")
     p.add_argument(
         "--profile",
         type=Path,
@@ -113,7 +114,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.rewrite:  # README.md again from scale.json (after editing the text here)
+    if args.rewrite:  # the Markdown again from scale.json (after editing the text here)
         write_results(json.loads((args.out / "scale.json").read_text()), args.out)
         return 0
     if args.profile is not None and not args.skip_rollout:

@@ -1,4 +1,5 @@
-"""Scale benchmark: bench/results/scale.json and bench/results/README.md."""
+"""Scale benchmark: scale.json and its Markdown (README.md in a run's own folder, scale.md in
+bench/results/, whose README.md is the index of every benchmark's current figures)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ def write_results(r: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale.json").write_text(json.dumps(r, indent=1, sort_keys=False) + "\n")
     # a dated folder under bench/results links to the others' results one level up
-    (out / "README.md").write_text(markdown(r, Path(os.path.relpath(RESULTS, out.resolve()))))
-    log(f"wrote {out / 'scale.json'} and {out / 'README.md'}")
+    md = out / ("scale.md" if out.resolve() == RESULTS else "README.md")
+    md.write_text(markdown(r, Path(os.path.relpath(RESULTS, out.resolve()))))
+    log(f"wrote {out / 'scale.json'} and {md}")
 
 
 def _verbs(d: Mapping[str, int]) -> str:
@@ -151,7 +153,7 @@ def markdown(r: dict[str, Any], results: Path = Path(".")) -> str:
     restart_api = writes_only(rs["operator_requests_by_verb"])
     counters = op["operator_counters"]
     lines = [
-        "# Benchmarks",
+        "# Scale benchmark",
         "",
         f"Scale run of {r['started'][:10]} (`make bench` = `python bench/scale/run.py`; raw "
         "figures in [scale.json](scale.json)). The built-in evaluator at 4,000 pods: "
