@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from mtp_operator.api.classes import context_length_range
-from mtp_operator.api.v1alpha1 import GROUP, KIND, VERSION, MTPInferenceSpec
+from mtp_operator.api.v1alpha1 import (
+    GROUP,
+    KIND,
+    MODEL_CACHE_MOUNT_PATH,
+    VERSION,
+    MTPInferenceSpec,
+)
 from mtp_operator.lws import pool_leaderworkerset
 from mtp_operator.model_cache import EffectiveCache, volume, volume_mount
 from mtp_operator.naming import (
@@ -38,6 +44,7 @@ from mtp_operator.rollout import NO_SURGE, min_available
 from mtp_operator.routing import routing_objects
 from mtp_runtime.drain import DRAIN_SECONDS_ENV, STOP_MARGIN_S
 from mtp_runtime.gpu_profiles import entries_for
+from mtp_runtime.model_cache import CACHE_ROOT_ENV
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
 from mtp_runtime.vllm_command import DEFAULT_PORT, build_argv, build_env
 
@@ -118,6 +125,9 @@ def _pod_spec(
     env = [{"name": ENV_VAR, "value": config.to_json()}]
     env += [{"name": k, "value": v} for k, v in sorted(build_env(plan.serve).items())]
     env.append({"name": DRAIN_SECONDS_ENV, "value": str(spec.rollout.drain_seconds)})
+    if model_cache is not None and model_cache.spec.host_path is not None:
+        # the runtime refuses a cache folder a symbolic link leads out of this root
+        env.append({"name": CACHE_ROOT_ENV, "value": MODEL_CACHE_MOUNT_PATH})
     env += list(spec.env or [])
     affinity = {
         "nodeAffinity": {

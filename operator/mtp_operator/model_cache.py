@@ -4,6 +4,15 @@ Pure. The cache is `spec.modelCache`, else the operator's default (settings
 `modelCache.default`), else none. Its volume is mounted at MODEL_CACHE_MOUNT_PATH in every pod
 of every pool, and the pool configuration tells the runtime, which points the hub client
 there (mtp_runtime.model_cache).
+
+A hostPath cache is keyed by namespace (issue 36): the volume is the allowed folder that holds
+the resource's path (`modelCache.allowedHostPaths`, the most specific one) and the pod mounts
+only `<path below it>/<namespace>` of it (a volumeMount subPath), so a pool sees its own
+namespace's folder and nothing else. kubelet resolves a subPath on the node inside its volume
+and refuses one that a symbolic link leads out of, so a link planted under the allowed folder
+cannot point the mount anywhere else; the runtime checks the folders it uses inside the mount
+(`MTP_RUNTIME_CACHE_ROOT`, mtp_runtime.cache_files.check_confined). The cluster admin may share
+one folder across namespaces (`modelCache.shareHostPathAcrossNamespaces`).
 """
 
 from __future__ import annotations
@@ -27,20 +36,33 @@ CACHE_ENV = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_XET_CACHE", "MODELSCOP
 class EffectiveCache:
     spec: ModelCacheSpec  # never `none`
     from_default: bool  # taken from the operator's settings, not from the resource
+    # hostPath only: the node folder the volume is (an allowed folder), and the folder below
+    # it the pod mounts ("" : the volume itself)
+    host_root: str | None = None
+    sub_path: str = ""
 
     @property
     def runtime(self) -> ModelCache:
         return ModelCache(MODEL_CACHE_MOUNT_PATH, self.spec.kind, self.spec.read_only)  # type: ignore[arg-type]
 
 
-def effective(spec: MTPInferenceSpec, settings: ModelCacheSettings) -> EffectiveCache | None:
-    """The cache the pools use, or None (no cache volume)."""
+def effective(
+    spec: MTPInferenceSpec, settings: ModelCacheSettings, namespace: str
+) -> EffectiveCache | None:
+    """The cache the pools of a resource in `namespace` use, or None (no cache volume)."""
     chosen, from_default = spec.model_cache, False
     if chosen is None:
         chosen, from_default = settings.default, True
     if chosen is None or chosen.none is not None:
         return None
-    return EffectiveCache(chosen, from_default)
+    if chosen.host_path is None:
+        return EffectiveCache(chosen, from_default)
+    path = posixpath.normpath(chosen.host_path.path)
+    root = allowed_root(path, settings.allowed_host_paths) or path  # else refused anyway
+    below = "" if path == root else posixpath.relpath(path, root)
+    if not settings.share_host_path_across_namespaces:
+        below = posixpath.join(below, namespace) if below else namespace
+    return EffectiveCache(chosen, from_default, root, below)
 
 
 def volume(cache: EffectiveCache) -> dict[str, Any]:
@@ -50,27 +72,37 @@ def volume(cache: EffectiveCache) -> dict[str, Any]:
         if c.read_only:
             source["readOnly"] = True
         return {"name": VOLUME_NAME, "persistentVolumeClaim": source}
-    assert c.host_path is not None
-    # a read-only cache must exist already; a writable one is created on first use
+    assert c.host_path is not None and cache.host_root is not None
+    # a read-only cache must exist already; a writable one is created on first use (kubelet
+    # makes the subPath folders below it)
     kind = "Directory" if c.read_only else "DirectoryOrCreate"
-    return {"name": VOLUME_NAME, "hostPath": {"path": c.host_path.path, "type": kind}}
+    return {"name": VOLUME_NAME, "hostPath": {"path": cache.host_root, "type": kind}}
 
 
 def volume_mount(cache: EffectiveCache) -> dict[str, Any]:
     mount: dict[str, Any] = {"name": VOLUME_NAME, "mountPath": MODEL_CACHE_MOUNT_PATH}
+    if cache.sub_path:
+        mount["subPath"] = cache.sub_path
     if cache.spec.read_only:
         mount["readOnly"] = True
     return mount
 
 
-def path_allowed(path: str, allowed: Iterable[str]) -> bool:
-    """`path` is one of `allowed` or below one (compared as normalised paths)."""
+def allowed_root(path: str, allowed: Iterable[str]) -> str | None:
+    """The most specific of `allowed` that `path` is or is below (normalised), or None."""
     clean = posixpath.normpath(path)
+    best: str | None = None
     for root in allowed:
         base = posixpath.normpath(root)
         if clean == base or clean.startswith(base.rstrip("/") + "/"):
-            return True
-    return False
+            if best is None or len(base) > len(best):
+                best = base
+    return best
+
+
+def path_allowed(path: str, allowed: Iterable[str]) -> bool:
+    """`path` is one of `allowed` or below one (compared as normalised paths)."""
+    return allowed_root(path, allowed) is not None
 
 
 def cache_problems(
@@ -81,7 +113,7 @@ def cache_problems(
 ) -> list[Problem]:
     """What keeps the cache from being used: a hostPath outside the allowed folders, a claim
     that does not exist (when `claim_exists` can tell), settings it would contradict."""
-    cache = effective(spec, settings)
+    cache = effective(spec, settings, namespace)
     if cache is None:
         return []
     where = " (the operator's default modelCache)" if cache.from_default else ""

@@ -21,6 +21,7 @@ from mtp_operator.api.v1alpha1 import (
     TOLERATION_OPERATORS,
 )
 from mtp_operator.naming import GPU_RESOURCE
+from mtp_runtime.model_cache import CACHE_ROOT_ENV
 from mtp_runtime.pool_config import ENV_VAR
 
 Problem = tuple[str, str]
@@ -69,6 +70,9 @@ def env_problems(env: list[Any] | None) -> list[Problem]:
             found.append((f"{where}.name", f"{name!r} is not a valid environment variable name"))
         if name == ENV_VAR:
             found.append((f"{where}.name", f"{name} is set by the operator (the pool's config)"))
+        elif name == CACHE_ROOT_ENV:
+            found.append((f"{where}.name", f"{name} is set by the operator (the model cache's "
+                          "root, which the runtime keeps the cache inside)"))
         elif name in RESERVED_ENV:
             found.append((f"{where}.name", f"{name} is set by the operator from modelSource; "
                           "use modelSource instead"))

@@ -60,7 +60,7 @@ def render_resource(
         plans,
         settings.default_image,
         settings.gpu_profiles,
-        model_cache.effective(spec, settings.model_cache),
+        model_cache.effective(spec, settings.model_cache, meta.get("namespace", "default")),
     )
 
 

@@ -7,6 +7,7 @@ Read from a YAML file (the chart mounts it from a ConfigMap) and overridden by C
     modelCache:                                        # for resources without spec.modelCache
       default: {persistentVolumeClaim: {claimName: model-cache}}
       allowedHostPaths: [/var/lib/mtp-models]          # folders hostPath caches may use
+      shareHostPathAcrossNamespaces: false   # true: hostPath caches not keyed by namespace
     poolRemovalGraceSeconds: 600   # a pool whose GPU product no node carries goes after this
     listPageSize: 100              # objects per page when the operator lists a kind at start
     alerts: {maxAlertAgeSeconds: 10800}  # webhook alerts that began longer ago are ignored
@@ -52,6 +53,10 @@ class ModelCacheSettings(_Settings):
     default: ModelCacheSpec | None = None
     # hostPath caches must be these folders or below them; empty: no hostPath cache allowed
     allowed_host_paths: list[str] = Field(default_factory=list)
+    # hostPath caches: each namespace has its own folder below the resource's path
+    # (`<path>/<namespace>`), so one tenant cannot replace another's weights; true: one folder
+    # for all namespaces (one copy of a model per node, every namespace trusted alike)
+    share_host_path_across_namespaces: bool = False
 
     @field_validator("allowed_host_paths")
     @classmethod

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtp_runtime.model_cache import (
+    CACHE_ROOT_ENV,
     MARKER_DIR,
     PARTIAL_SUFFIXES,
     Inventory,
     ModelCache,
     cache_env,
     hub_cache_dir,
+    inside,
     marker_path,
     model_dir,
     offline_decision,
@@ -73,6 +75,47 @@ def write_marker(cache: ModelCache, source: str, model: str, files: Inventory) -
     return path
 
 
+class CacheEscapeError(Exception):
+    """A folder or file of the cache resolves outside the cache's root (a symbolic link planted
+    in the cache leads out of it): the runtime refuses to start on it."""
+
+
+def check_confined(
+    source: str, model: str, cache: ModelCache, environ: Mapping[str, str]
+) -> None:
+    """Every folder the hub client and the runtime use in the cache — the hub cache, the
+    model's folder and every link in it, the marker folder — resolves (realpath, links
+    followed) inside the cache root ($MTP_RUNTIME_CACHE_ROOT, else the cache's path); raises
+    CacheEscapeError naming the path, where it leads and the root otherwise."""
+    root = environ.get(CACHE_ROOT_ENV) or cache.path
+    real_root = os.path.realpath(root)
+    hub = hub_cache_dir(source, cache, environ)
+    folder = model_dir(source, model, hub)
+    paths = [Path(cache.path), hub, folder, marker_path(cache, source, model).parent]
+    if source != "modelscope":
+        paths.append(Path(cache.path) / "huggingface" / "xet")
+    for path in paths:
+        _confined(path, real_root, root)
+    if os.path.isdir(folder):  # the links in the model's folder (snapshots -> blobs)
+        for top, dirs, files in os.walk(folder):
+            for name in dirs + files:
+                path = Path(top) / name
+                if path.is_symlink():
+                    _confined(path, real_root, root)
+
+
+def _confined(path: Path, real_root: str, root: str) -> None:
+    resolved = os.path.realpath(path)
+    if inside(resolved, real_root):
+        return
+    shown = root if real_root == root else f"{root} (resolved: {real_root})"
+    raise CacheEscapeError(
+        f"model cache path {path} resolves to {resolved}, outside the cache root {shown} "
+        f"(${CACHE_ROOT_ENV}): a symbolic link in the cache leads out of it; remove the link "
+        "(the runtime does not use a cache that reaches other folders)"
+    )
+
+
 @dataclass(frozen=True)
 class CachePlan:
     """What the runtime does about the cache for one start."""
@@ -102,8 +145,11 @@ class CachePlan:
 def plan_cache(
     source: str, model: str, cache: ModelCache | None, environ: Mapping[str, str]
 ) -> CachePlan:
-    """The cache's environment for vLLM and the files present before it starts."""
+    """The cache's environment for vLLM and the files present before it starts. Raises
+    CacheEscapeError when the cache reaches outside its root (`check_confined`)."""
     local = is_local(model)
+    if cache is not None:
+        check_confined(source, model, cache, environ)
     hub = hub_cache_dir(source, cache, environ)
     folder = model_dir(source, model, hub)
     before = {} if local else inventory(folder)

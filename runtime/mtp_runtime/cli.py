@@ -11,7 +11,8 @@
 The pool configuration is the JSON in env MTP_RUNTIME_CONFIG (or --config FILE). Logs go to
 stderr, one JSON object per line; results (print-args, detect, stats) go to stdout as JSON.
 Exit status: vLLM's own (128+N when killed by signal N); 2 bad configuration (also a model
-folder vLLM cannot load, or a bad MTP_RUNTIME_ENGINE_ARGS/MTP_RUNTIME_DEVICE); 3 no GPU
+folder vLLM cannot load, a model cache a symbolic link leads out of (model_cache_unsafe), or a
+bad MTP_RUNTIME_ENGINE_ARGS/MTP_RUNTIME_DEVICE); 3 no GPU
 detected; 4 the serve port is already in use; 126 vLLM cannot be run; 127 vLLM not found.
 When vLLM dies before its /health ever answered, one line says so and why, followed by vLLM's
 last log lines.
@@ -51,6 +52,7 @@ from mtp_runtime import (
     gpu_detect,
     multinode,
 )
+from mtp_runtime.cache_files import CacheEscapeError
 from mtp_runtime.exporter import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PORT,
@@ -157,7 +159,10 @@ def make_plan(args: argparse.Namespace) -> LaunchPlan:
 
 
 def model_load(launch: LaunchPlan) -> ModelLoad:
-    return ModelLoad(launch.settings, launch.model_cache, os.environ, log)
+    try:
+        return ModelLoad(launch.settings, launch.model_cache, os.environ, log)
+    except CacheEscapeError as exc:
+        raise CLIError(EXIT_CONFIG, "model_cache_unsafe", f"cannot start vLLM: {exc}") from exc
 
 
 def launch_dict(launch: LaunchPlan) -> dict[str, object]:

@@ -27,6 +27,10 @@ from pathlib import Path
 from typing import Literal
 
 CacheKind = Literal["persistentVolumeClaim", "hostPath"]
+# The folder the cache volume is mounted at, as the operator set it (a hostPath pool's pods):
+# every folder the runtime uses must resolve inside it (`cache_files.check_confined`). Unset,
+# the cache's own path is the root.
+CACHE_ROOT_ENV = "MTP_RUNTIME_CACHE_ROOT"
 Origin = Literal["cache", "download", "local"]
 MARKER_DIR = ".mtp-runtime"
 PARTIAL_SUFFIXES = (".incomplete", ".lock", ".tmp")  # files the hub client has not finished
@@ -39,6 +43,11 @@ class ModelCache:
     path: str  # where the volume is mounted in the pod
     kind: CacheKind
     read_only: bool = False
+
+
+def inside(resolved: str, root: str) -> bool:
+    """`resolved` is `root` or below it (both already resolved, absolute)."""
+    return resolved == root or resolved.startswith(root.rstrip("/") + "/")
 
 
 def hub_cache_dir(source: str, cache: ModelCache | None, environ: Mapping[str, str]) -> Path:

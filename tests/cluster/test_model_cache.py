@@ -128,7 +128,13 @@ def test_missing_claim_and_forbidden_folder_keep_the_serving_pools(
     path = f"{ALLOWED}/deepseek"
     apply(kubectl, namespace, mtpi("cached", modelCache={"hostPath": {"path": path}}))
     wait_ready(kubectl, namespace, "cached", timeout=180)
-    volumes = [v for d in pools(kubectl, namespace).values()
+    served = pools(kubectl, namespace).values()
+    volumes = [v for d in served
                for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "model-cache"]
+    # the volume is the allowed folder; each pod mounts only <path>/<namespace> of it (issue 36)
     assert volumes == [{"name": "model-cache",
-                        "hostPath": {"path": path, "type": "DirectoryOrCreate"}}] * 4
+                        "hostPath": {"path": ALLOWED, "type": "DirectoryOrCreate"}}] * 4
+    mounts = [m for d in served for m in d["spec"]["template"]["spec"]["containers"][0]
+              ["volumeMounts"] if m["name"] == "model-cache"]
+    assert mounts == [{"name": "model-cache", "mountPath": "/model-cache",
+                       "subPath": f"deepseek/{namespace}"}] * 4

@@ -369,15 +369,19 @@ def test_model_cache_values_reach_the_settings_file(tmp_path) -> None:
     default = yaml.safe_load(
         find(render(), "ConfigMap", "mtp-operator-settings")["data"]["settings.yaml"])
     assert OperatorSettings.model_validate(default).model_cache.default is None
+    assert not OperatorSettings.model_validate(default).model_cache \
+        .share_host_path_across_namespaces  # keyed by namespace unless the admin says so
     values = tmp_path / "cache.yaml"
     values.write_text(yaml.safe_dump({"modelCache": {
         "default": {"persistentVolumeClaim": {"claimName": "weights"}, "readOnly": True},
         "allowedHostPaths": ["/var/lib/mtp-models"],
+        "shareHostPathAcrossNamespaces": True,
     }}))
     objects = render(values=[str(values)])
     text = find(objects, "ConfigMap", "mtp-operator-settings")["data"]["settings.yaml"]
     cache = OperatorSettings.model_validate(yaml.safe_load(text)).model_cache
     assert cache.allowed_host_paths == ["/var/lib/mtp-models"]
+    assert cache.share_host_path_across_namespaces
     assert cache.default is not None and cache.default.read_only
     assert cache.default.persistent_volume_claim is not None
     assert cache.default.persistent_volume_claim.claim_name == "weights"
@@ -389,6 +393,7 @@ def test_model_cache_values_reach_the_settings_file(tmp_path) -> None:
     {"default": {"hostPath": {"path": "relative"}}},
     {"default": {"nfs": {"server": "x"}}},
     {"allowedHostPaths": ["relative"]},
+    {"shareHostPathAcrossNamespaces": "yes"},
 ])
 def test_model_cache_values_schema_refuses_bad_values(tmp_path, bad) -> None:
     values = tmp_path / "bad.yaml"

@@ -42,7 +42,7 @@ def _problems(cache: Any) -> list[tuple[str, str]]:
 def _pod(spec: MTPInferenceSpec, settings: ModelCacheSettings) -> dict[str, Any]:
     plan = plan_pool(spec, "NVIDIA-H200")
     deploy = builders.pool_deployment(
-        "res", "ns", "uid", spec, plan, "img:1", {}, effective(spec, settings)
+        "res", "ns", "uid", spec, plan, "img:1", {}, effective(spec, settings, "ns")
     )
     return deploy["spec"]["template"]["spec"]
 
@@ -86,21 +86,21 @@ def test_invalid_caches_name_the_field(cache: Any, field: str, words: str) -> No
 # ---- which cache applies --------------------------------------------------------------------
 
 def test_no_cache_anywhere_is_none() -> None:
-    assert effective(_spec(), ModelCacheSettings()) is None
+    assert effective(_spec(), ModelCacheSettings(), "ns") is None
 
 
 def test_the_operator_default_applies_to_resources_without_one() -> None:
     settings = ModelCacheSettings.model_validate({"default": PVC})
-    cache = effective(_spec(), settings)
+    cache = effective(_spec(), settings, "ns")
     assert cache is not None and cache.from_default
     assert cache.runtime == ModelCache("/model-cache", "persistentVolumeClaim", False)
 
 
 def test_a_resource_overrides_the_default_and_none_turns_it_off() -> None:
     settings = ModelCacheSettings.model_validate({"default": PVC})
-    own = effective(_spec(modelCache=HOST), settings)
+    own = effective(_spec(modelCache=HOST), settings, "ns")
     assert own is not None and not own.from_default and own.spec.host_path is not None
-    assert effective(_spec(modelCache={"none": {}}), settings) is None
+    assert effective(_spec(modelCache={"none": {}}), settings, "ns") is None
 
 
 # ---- what it adds to the pods ---------------------------------------------------------------
@@ -118,10 +118,11 @@ def test_no_cache_leaves_the_pod_as_it_was() -> None:
         (PVC, {"persistentVolumeClaim": {"claimName": "weights"}}, False),
         ({**PVC, "readOnly": True},
          {"persistentVolumeClaim": {"claimName": "weights", "readOnly": True}}, True),
-        (HOST, {"hostPath": {"path": "/var/lib/mtp-models/qwen", "type": "DirectoryOrCreate"}},
+        # a hostPath volume is the allowed folder itself; the pool's folder is a subPath
+        (HOST, {"hostPath": {"path": "/var/lib/mtp-models", "type": "DirectoryOrCreate"}},
          False),
         ({**HOST, "readOnly": True},
-         {"hostPath": {"path": "/var/lib/mtp-models/qwen", "type": "Directory"}}, True),
+         {"hostPath": {"path": "/var/lib/mtp-models", "type": "Directory"}}, True),
     ],
 )
 def test_cache_volume_mount_and_runtime_config(
@@ -135,6 +136,75 @@ def test_cache_volume_mount_and_runtime_config(
     assert mounts["model-cache"].get("readOnly", False) is mount_ro
     kind = "persistentVolumeClaim" if "persistentVolumeClaim" in cache else "hostPath"
     assert _config(pod).model_cache == ModelCache("/model-cache", kind, mount_ro)
+
+
+def _cache_mount(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model-cache")
+
+
+def _env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+
+
+def test_a_host_path_cache_is_keyed_by_namespace() -> None:
+    """Each namespace gets its own folder below the resource's path (the pod sees only that
+    folder): one tenant cannot write another's weights. The volume is the allowed folder, so
+    kubelet resolves the whole subPath, the resource's own part included, inside it and
+    refuses a symbolic link that leads out."""
+    spec = _spec(modelCache=HOST)
+    plan = plan_pool(spec, "NVIDIA-H200")
+    pods = {}
+    for ns in ("team-a", "team-b"):
+        deploy = builders.pool_deployment("res", ns, "uid", spec, plan, "img:1", {},
+                                          effective(spec, ALLOW, ns))
+        pods[ns] = deploy["spec"]["template"]["spec"]
+    for ns, pod in pods.items():
+        assert _cache_mount(pod) == {"name": "model-cache", "mountPath": "/model-cache",
+                                     "subPath": f"qwen/{ns}"}
+        volume = next(v for v in pod["volumes"] if v["name"] == "model-cache")
+        assert volume["hostPath"]["path"] == "/var/lib/mtp-models"
+        assert _env(pod)["MTP_RUNTIME_CACHE_ROOT"] == "/model-cache"
+    # a path that is an allowed folder itself: the namespace alone
+    root = _spec(modelCache={"hostPath": {"path": "/var/lib/mtp-models"}})
+    assert _cache_mount(_pod(root, ALLOW))["subPath"] == "ns"
+    # the most specific allowed folder is the volume
+    nested = ModelCacheSettings(allowed_host_paths=["/var/lib", "/var/lib/mtp-models/"])
+    pod = _pod(spec, nested)
+    volume = next(v for v in pod["volumes"] if v["name"] == "model-cache")
+    assert volume["hostPath"]["path"] == "/var/lib/mtp-models"
+    assert _cache_mount(pod)["subPath"] == "qwen/ns"
+
+
+def test_the_admin_may_share_a_host_path_cache_across_namespaces() -> None:
+    shared = ModelCacheSettings(allowed_host_paths=["/var/lib/mtp-models"],
+                                share_host_path_across_namespaces=True)
+    spec = _spec(modelCache=HOST)
+    plan = plan_pool(spec, "NVIDIA-H200")
+    pods = [builders.pool_deployment("res", ns, "uid", spec, plan, "img:1", {},
+                                     effective(spec, shared, ns))["spec"]["template"]["spec"]
+            for ns in ("team-a", "team-b")]
+    assert pods[0] == pods[1]  # one folder for both
+    assert _cache_mount(pods[0]) == {"name": "model-cache", "mountPath": "/model-cache",
+                                     "subPath": "qwen"}
+    root = _spec(modelCache={"hostPath": {"path": "/var/lib/mtp-models"}})
+    assert "subPath" not in _cache_mount(_pod(root, shared))
+    loaded = ModelCacheSettings.model_validate({"allowedHostPaths": ["/srv"],
+                                                "shareHostPathAcrossNamespaces": True})
+    assert loaded.share_host_path_across_namespaces
+
+
+def test_a_claim_cache_pod_is_as_before() -> None:
+    """The namespace key and the cache root variable are for hostPath only: a claim's pods
+    (and their settings hash) are what they were, so claim pools do not roll."""
+    pod = _pod(_spec(modelCache=PVC), ModelCacheSettings())
+    assert _cache_mount(pod) == {"name": "model-cache", "mountPath": "/model-cache"}
+    assert "MTP_RUNTIME_CACHE_ROOT" not in _env(pod)
+
+
+def test_the_cache_root_variable_is_reserved() -> None:
+    found = spec_problems({"model": "org/model",
+                           "env": [{"name": "MTP_RUNTIME_CACHE_ROOT", "value": "/"}]})[1]
+    assert any(f.startswith("env") and "MTP_RUNTIME_CACHE_ROOT" in m for f, m in found), found
 
 
 def test_a_cache_change_restarts_the_pool_and_a_k_change_keeps_the_cache() -> None:

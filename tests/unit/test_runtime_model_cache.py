@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from mtp_runtime import cli
-from mtp_runtime.cache_files import inventory, plan_cache, read_marker, write_marker
+from mtp_runtime.cache_files import (
+    CacheEscapeError,
+    inventory,
+    plan_cache,
+    read_marker,
+    write_marker,
+)
 from mtp_runtime.exporter import ExporterState, MTPExporter
 from mtp_runtime.model_cache import (
     ModelCache,
@@ -207,3 +213,79 @@ def test_pool_config_without_a_cache_keeps_its_old_json(source: str) -> None:
                                             model_source=source), gpu_product="NVIDIA-H200")
     assert "model_cache" not in json.loads(config.to_json())
     assert PoolConfig.from_json(config.to_json()) == config
+
+
+# ---- the cache stays inside its root (issue 36: a symbolic link must not lead out) -----------
+
+def _cache_config(tmp_path: Path, root: Path) -> Path:
+    config = PoolConfig(
+        serve=ServeSettings(model=MODEL, num_speculative_tokens=2),
+        gpu_product="NVIDIA-H200",
+        model_cache=ModelCache(str(root), "hostPath"),
+    )
+    path = tmp_path / "pool.json"
+    path.write_text(config.to_json())
+    return path
+
+
+def test_a_normal_cache_folder_is_used(tmp_path) -> None:
+    root = tmp_path / "root"
+    cache = ModelCache(str(root), "hostPath")
+    _fill(cache, {"model.safetensors": b"w" * 10})
+    plan = plan_cache("huggingface", MODEL, cache, {"MTP_RUNTIME_CACHE_ROOT": str(root)})
+    assert plan.before["blobs/sha-model.safetensors"] == 10
+    # the root itself may be reached through a link (the mount point is where it is)
+    link = tmp_path / "root-link"
+    link.symlink_to(root)
+    plan_cache("huggingface", MODEL, ModelCache(str(link), "hostPath"),
+               {"MTP_RUNTIME_CACHE_ROOT": str(link)})
+
+
+def test_a_link_under_the_root_leading_out_is_refused(tmp_path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    (outside / "hub").mkdir(parents=True)
+    (root / "huggingface").symlink_to(outside)  # planted by another pod of the cache
+    cache = ModelCache(str(root), "hostPath")
+    with pytest.raises(CacheEscapeError) as err:
+        plan_cache("huggingface", MODEL, cache, {"MTP_RUNTIME_CACHE_ROOT": str(root)})
+    message = str(err.value)
+    assert str(root / "huggingface" / "hub") in message  # the path
+    assert str(outside / "hub") in message  # where it leads
+    assert f"outside the cache root {root}" in message
+    assert "MTP_RUNTIME_CACHE_ROOT" in message
+
+
+def test_a_link_inside_the_models_folder_leading_out_is_refused(tmp_path) -> None:
+    root = tmp_path / "root"
+    cache = ModelCache(str(root), "hostPath")
+    folder = _fill(cache, {"model.safetensors": b"w"})
+    secret = tmp_path / "secret"
+    secret.write_text("not weights")
+    (folder / "snapshots" / ("c" * 40) / "config.json").symlink_to(secret)
+    with pytest.raises(CacheEscapeError, match=f"resolves to {secret}, outside the cache root"):
+        plan_cache("huggingface", MODEL, cache, {"MTP_RUNTIME_CACHE_ROOT": str(root)})
+
+
+def test_without_the_variable_the_mount_path_is_the_root(tmp_path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (root / ".mtp-runtime").symlink_to(outside)  # the marker folder
+    with pytest.raises(CacheEscapeError, match="outside the cache root"):
+        plan_cache("huggingface", MODEL, ModelCache(str(root), "persistentVolumeClaim"), {})
+
+
+def test_serve_refuses_a_cache_that_leads_out_before_vllm_starts(tmp_path, capsys,
+                                                                  monkeypatch) -> None:
+    root, outside = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (root / "huggingface").symlink_to(outside)
+    monkeypatch.setenv("MTP_RUNTIME_CACHE_ROOT", str(root))
+    code = cli.main(["print-args", "--config", str(_cache_config(tmp_path, root)),
+                     "--cpu-dry-run"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "model_cache_unsafe" in err
+    assert f"outside the cache root {root}" in err and str(outside) in err

@@ -77,6 +77,7 @@ modelCache:
   default: {{ toJson . }}
 {{- end }}
   allowedHostPaths: {{ toJson (.Values.modelCache.allowedHostPaths | default list) }}
+  shareHostPathAcrossNamespaces: {{ .Values.modelCache.shareHostPathAcrossNamespaces | default false }}
 poolRemovalGraceSeconds: {{ .Values.poolRemovalGraceSeconds }}
 listPageSize: {{ .Values.listPageSize }}
 {{- end -}}

@@ -323,7 +323,7 @@ class PoolWrites:
         for product, cplan in plan.canaries.items():
             pod = builders.canary_pod(key[1], key[0], uid, spec, cplan,
                                       self.settings.default_image, self.settings.gpu_profiles,
-                                      effective(spec, self.settings.model_cache))
+                                      effective(spec, self.settings.model_cache, key[0]))
             wanted[pod["metadata"]["name"]] = (product, pod)
         now = time.monotonic()
         memo: dict[str, CanaryMemo] = slot.canaries

@@ -480,7 +480,7 @@ class Reconciler(PoolWrites):
                 plans,
                 self.settings.default_image,
                 self.settings.gpu_profiles,
-                effective(spec, self.settings.model_cache),
+                effective(spec, self.settings.model_cache, key[0]),
                 canaries,
             )
         return slot.desired_memo
