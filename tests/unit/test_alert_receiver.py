@@ -350,6 +350,32 @@ async def test_unknown_target_is_accepted_and_counted(
     assert count(metrics, "ignored", reason="unknown_target") == 1
 
 
+async def test_reasons_the_handler_ignores_alerts_for_are_answered_and_counted(
+    metrics: AlertMetrics, clock: Clock
+) -> None:
+    """The handler refuses alerts for reasons only the resource or its namespace can tell
+    (spec.rollback.alertNames, the namespace's opt-in; control/rollback.Outcome.ignored):
+    accepted (200, Alertmanager must not retry) and counted like the parser's reasons."""
+    from mtp_operator.control.rollback import Outcome
+
+    async def refusing(signals: list[AlertSignal]) -> Outcome:
+        out = Outcome()
+        out.ignored["namespace_not_opted_in"] += len(signals) - 1
+        out.ignored["not_allowed_by_resource"] += 1
+        return out
+
+    app = make_app(TOKEN, refusing, metrics=metrics, clock=clock)
+    async with TestClient(TestServer(app)) as c:
+        status, reply = await post(c, payload(
+            alert(), alert(fingerprint="2"), alert(fingerprint="3", name="Other")))
+    assert status == 200
+    assert reply["ignored"] == {"namespace_not_opted_in": 1, "not_allowed_by_resource": 1,
+                                "not_rollback_alert": 1}
+    assert (reply["changed"], reply["unchanged"]) == (0, 0)
+    assert count(metrics, "ignored", reason="namespace_not_opted_in") == 1
+    assert count(metrics, "ignored", reason="not_allowed_by_resource") == 1
+
+
 async def test_resolved_passes_through(client: TestClient, handler: Handler) -> None:
     status, _ = await post(client, payload(alert(status="resolved")))
     assert status == 200

@@ -155,7 +155,8 @@ def test_defaults() -> None:
     spec = props["speculative"]["properties"]
     assert spec["method"]["default"] == "mtp"
     assert spec["numSpeculativeTokens"]["default"] == "auto"
-    rollback = {k: v["default"] for k, v in props["rollback"]["properties"].items()}
+    rollback = {k: v["default"] for k, v in props["rollback"]["properties"].items()
+                if "default" in v}
     assert rollback == {
         "enabled": True,
         "minHitRate": api.DEFAULT_MIN_HIT_RATE,
@@ -165,14 +166,16 @@ def test_defaults() -> None:
         "windowSeconds": 300,
         "forSeconds": 300,
         "minDrafts": 50,
+        "alertNames": ["MTPHitRateLow", "MTPErrorPropagationHigh"],
     }
+    assert "default" not in props["rollback"]["properties"]["alertMatchers"]  # none: no match
     assert (rollback["minHitRate"], rollback["maxErrorPropagationRate"]) == (0.88, 0.40)
     # the API server's defaults are the models' defaults
     parsed = api.MTPInferenceSpec(model="m").model_dump(by_alias=True)
     assert {k: parsed[k] for k in ("modelSource", "replicas", "tensorParallelSize")} == {
         k: spec_defaults[k] for k in ("modelSource", "replicas", "tensorParallelSize")
     }
-    assert parsed["rollback"] == rollback
+    assert {k: v for k, v in parsed["rollback"].items() if v is not None} == rollback
     assert (parsed["speculative"]["method"], parsed["speculative"]["numSpeculativeTokens"]) == (
         "mtp",
         "auto",

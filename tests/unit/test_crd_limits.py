@@ -55,6 +55,10 @@ LIMITS = [
     ("spec.rollback.windowSeconds", "maximum", api.MAX_DURATION_SECONDS),
     ("spec.rollback.forSeconds", "maximum", api.MAX_DURATION_SECONDS),
     ("spec.rollback.minDrafts", "maximum", api.INT32_MAX),
+    ("spec.rollback.alertNames", "maxItems", len(api.ROLLBACK_ALERT_NAMES)),
+    ("spec.rollback.alertNames", "minItems", 1),
+    ("spec.rollback.alertMatchers", "maxProperties", api.MAX_ALERT_MATCHERS),
+    ("spec.rollback.alertMatchers{}", "maxLength", api.MAX_ALERT_MATCHER_VALUE_LENGTH),
     ("status.rollbacks", "maxItems", api.MAX_ROLLBACK_HISTORY),
     ("status.pools[].tuning.measured", "maxItems", tuning_api.MAX_TUNING_ROWS),
     ("status.pools[].tuning.estimates", "maxItems", tuning_api.MAX_TUNING_ROWS),
@@ -104,3 +108,17 @@ def test_every_k_in_the_spec_is_bounded_by_k_max() -> None:
         assert node.get("maximum", _cel_maximum(node)) == K, path
         assert node.get("minimum", 0) == 0 or _cel_maximum(node) == K, path
 
+
+
+def test_alert_names_are_the_rollback_rules_and_matchers_prometheus_label_names() -> None:
+    """spec.rollback.alertNames takes exactly the names the webhook acts on (any other is
+    `not_rollback_alert` before a resource is looked at), once each; the matchers' keys are
+    checked by CEL with the pattern the operator's validation uses."""
+    from mtp_operator.rollback.signals import ROLLBACK_ALERTS
+
+    names = NODES["spec.rollback.alertNames"]
+    assert set(names["items"]["enum"]) == set(ROLLBACK_ALERTS)
+    assert names["x-kubernetes-list-type"] == "set"
+    assert names["default"] == list(api.ROLLBACK_ALERT_NAMES)
+    (rule,) = NODES["spec.rollback.alertMatchers"]["x-kubernetes-validations"]
+    assert api.LABEL_NAME_PATTERN in rule["rule"]

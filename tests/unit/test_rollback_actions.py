@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -549,3 +550,71 @@ async def test_a_cut_product_label_and_a_class_name_the_class_pool() -> None:
     assert (outcome.rolled_back, outcome.unknown) == (1, [])
     assert {p: k_of(d) for p, d in kube.deployments().items()} == {
         f"{product}/short": 3, f"{product}/long": 2}
+
+
+# ---- spec.rollback.alertNames / alertMatchers: which alerts may roll a resource back --------
+
+
+def labelled_alert(alert: str, **labels: str) -> list[AlertSignal]:
+    """A firing webhook alert for the H100 pool (value past either default threshold) with
+    extra labels, through the receiver's parser."""
+    from mtp_operator.rollback.alertmanager import parse_webhook
+
+    value = "0.6" if alert == "MTPHitRateLow" else "0.9"
+    body = {"version": "4", "alerts": [{
+        "status": "firing",
+        "labels": {"alertname": alert, "namespace": "ml", "mtpinference": "res",
+                   "gpu_product": H100, **labels},
+        "annotations": {"value": value}}]}
+    return parse_webhook(json.dumps(body).encode()).signals
+
+
+async def test_an_alert_name_the_resource_does_not_allow_is_ignored_and_counted() -> None:
+    kube, _view, actions, _clock = await rolled_out(
+        [H100], {"rollback": {"alertNames": ["MTPErrorPropagationHigh"], "cooldownSeconds": 0}})
+    outcome = await actions.apply_signals(labelled_alert("MTPHitRateLow"))
+    assert (outcome.rolled_back, outcome.unchanged, outcome.unknown) == (0, 0, [])
+    assert outcome.ignored == {"not_allowed_by_resource": 1}
+    assert kube.calls == [] and kube.events == []
+    # nor may a resolved one delay the pool's known-good promotion
+    resolved = replace(labelled_alert("MTPHitRateLow")[0], status="resolved")
+    assert (await actions.apply_signals([resolved])).ignored == {"not_allowed_by_resource": 1}
+    assert kube.calls == []
+    # the name it allows acts
+    outcome = await actions.apply_signals(labelled_alert("MTPErrorPropagationHigh"))
+    assert (outcome.rolled_back, outcome.ignored) == (1, {})
+    assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 5}
+
+
+async def test_alert_names_apply_to_the_evaluator_and_matchers_do_not() -> None:
+    """alertNames names the rules, which the built-in evaluator runs too: a rule left out
+    rolls nothing back from either source. alertMatchers match the labels of a webhook alert;
+    the evaluator's signals have none (and come from the operator itself, not a token)."""
+    spec = {"rollback": {"alertNames": ["MTPErrorPropagationHigh"], "cooldownSeconds": 0,
+                         "alertMatchers": {"cluster": "prod"}}}
+    _kube, _view, actions, _clock = await rolled_out([H100], spec)
+    evaluator = AlertSignal("MTPHitRateLow", "firing", PoolRef("ml", "res", H100), 0.6, 0.88,
+                            "evaluator")
+    outcome = await actions.apply_signals([evaluator])
+    assert (outcome.rolled_back, outcome.ignored) == (0, {"not_allowed_by_resource": 1})
+    evaluator = replace(evaluator, alert="MTPErrorPropagationHigh", value=0.9, threshold=0.4)
+    outcome = await actions.apply_signals([evaluator])
+    assert (outcome.rolled_back, outcome.ignored) == (1, {})
+
+
+async def test_alert_matchers_must_all_match_the_webhook_alerts_labels() -> None:
+    spec = {"rollback": {"cooldownSeconds": 0,
+                         "alertMatchers": {"cluster": "prod", "shard": ""}}}
+    kube, _view, actions, _clock = await rolled_out([H100], spec)
+    refused = [
+        labelled_alert("MTPHitRateLow"),  # no cluster label
+        labelled_alert("MTPHitRateLow", cluster="staging"),
+        labelled_alert("MTPHitRateLow", cluster="prod", shard="a"),  # "" matches absence only
+    ]
+    for signals in refused:
+        outcome = await actions.apply_signals(signals)
+        assert (outcome.rolled_back, outcome.ignored) == (0, {"not_allowed_by_resource": 1})
+    assert kube.calls == []
+    outcome = await actions.apply_signals(labelled_alert("MTPHitRateLow", cluster="prod"))
+    assert (outcome.rolled_back, outcome.ignored) == (1, {})
+    assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 5}

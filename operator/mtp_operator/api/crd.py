@@ -41,6 +41,13 @@ _INT_OR_STRING_RULES = {
 }
 
 _SPEC_RULES: dict[str, list[dict[str, str]]] = {
+    "alertMatchers": [
+        {
+            "rule": f"self.all(k, k.matches('{_cel_string(api.LABEL_NAME_PATTERN)}'))",
+            "message": "every key must be a Prometheus label name "
+            f"({api.LABEL_NAME_PATTERN})",
+        }
+    ],
     "profiles": [
         {
             "rule": f"self.all(k, self[k] >= 0 && self[k] <= {MAX_SPECULATIVE_TOKENS})",
@@ -187,6 +194,7 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         "maxLength",
         "enum",
         "format",
+        "minItems",
         "maxItems",
         "maxProperties",
         "pattern",
@@ -257,6 +265,9 @@ def _spec_schema() -> dict[str, Any]:
     spec_props["tuning"]["default"] = {}
     spec_props["tuning"]["properties"]["candidates"]["x-kubernetes-list-type"] = "set"
     props["extraArgs"]["x-kubernetes-validations"] = _SPEC_RULES["extraArgs"]
+    rollback = props["rollback"]["properties"]
+    rollback["alertNames"]["x-kubernetes-list-type"] = "set"
+    rollback["alertMatchers"]["x-kubernetes-validations"] = _SPEC_RULES["alertMatchers"]
     _classes_schema(spec_props["classes"])
     props["speculative"]["x-kubernetes-validations"] = classes_api.SPECULATIVE_CEL
     cache = props["modelCache"]

@@ -8,6 +8,7 @@ the operator (see validation.py) and reported with the same kind of message.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -53,6 +54,19 @@ QUANTITY_PATTERN = (
 MAX_ENV = 256
 MAX_TOLERATIONS = 64
 MAX_EXTRA_ARG_LENGTH = 1024  # keeps the extraArgs CEL rule within the API server's cost budget
+# The alerts that may roll a pool back: the shipped rules' (rollback/signals.py takes the names
+# from here). An alert of any other name is never a rollback signal, so spec.rollback.alertNames
+# takes these two only.
+ALERT_HIT_RATE_LOW = "MTPHitRateLow"
+ALERT_ERROR_PROPAGATION_HIGH = "MTPErrorPropagationHigh"
+RollbackAlertName = Literal["MTPHitRateLow", "MTPErrorPropagationHigh"]
+ROLLBACK_ALERT_NAMES = (ALERT_HIT_RATE_LOW, ALERT_ERROR_PROPAGATION_HIGH)
+# spec.rollback.alertMatchers: equality matchers on a webhook alert's labels, Prometheus label
+# names (https://prometheus.io/docs/concepts/data_model/); bounded so the CEL rule on the keys
+# stays within the API server's cost budget.
+MAX_ALERT_MATCHERS = 16
+MAX_ALERT_MATCHER_VALUE_LENGTH = 1024
+LABEL_NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
 
 class SpeculativeSpec(_Model):
@@ -154,6 +168,39 @@ class RollbackSpec(_Model):
         le=INT32_MAX,
         description="Built-in evaluator: fewer drafts than this in the window counts as no data.",
     )
+    alert_names: list[RollbackAlertName] = Field(
+        list(ROLLBACK_ALERT_NAMES),  # pydantic copies a mutable default per instance
+        min_length=1,
+        max_length=len(ROLLBACK_ALERT_NAMES),
+        description="The alerts that may roll this resource's pools back, from the webhook and "
+        "the built-in evaluator alike (default both; `enabled: false` turns rollback off).",
+    )
+    alert_matchers: (
+        dict[str, Annotated[str, Field(max_length=MAX_ALERT_MATCHER_VALUE_LENGTH)]] | None
+    ) = Field(
+        None,
+        max_length=MAX_ALERT_MATCHERS,
+        description="Webhook alerts act only when they carry every one of these labels with "
+        "exactly this value (`label: \"\"` matches an alert without the label), e.g. "
+        "`{cluster: prod}`; Prometheus label names. The built-in evaluator's are not matched.",
+    )
+
+    @field_validator("alert_names")
+    @classmethod
+    def _unique_names(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError("must not name an alert twice")
+        return names
+
+    @field_validator("alert_matchers")
+    @classmethod
+    def _label_names(cls, matchers: dict[str, str] | None) -> dict[str, str] | None:
+        for label in matchers or {}:
+            if not re.fullmatch(LABEL_NAME_PATTERN, label):
+                raise ValueError(
+                    f"{label!r} is not a Prometheus label name ({LABEL_NAME_PATTERN})"
+                )
+        return matchers
 
 
 # spec.rollout.drainSeconds: how long a leaving pool pod may finish its requests (issue 37).

@@ -26,8 +26,8 @@ import os
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -70,6 +70,9 @@ class ReceiveResult:
     changed: int = 0  # signals that changed a pool's speculative settings
     unchanged: int = 0  # handled; the policy said no change
     unknown: Sequence[PoolRef | str] = ()  # targets with no such MTPInference or pool
+    # accepted, not acted on, by reason: what only the resource or its namespace can tell
+    # (spec.rollback.alertNames/alertMatchers, the namespace's opt-in)
+    ignored: Mapping[str, int] = field(default_factory=dict)
 
 
 # The handler may return a ReceiveResult or any object with the same fields; `rolled_back`
@@ -81,7 +84,8 @@ def _as_result(outcome: Any) -> ReceiveResult:
     if outcome is None or isinstance(outcome, ReceiveResult):
         return outcome or ReceiveResult()
     changed = getattr(outcome, "changed", getattr(outcome, "rolled_back", 0))
-    return ReceiveResult(changed, outcome.unchanged, list(outcome.unknown))
+    return ReceiveResult(changed, outcome.unchanged, list(outcome.unknown),
+                         dict(getattr(outcome, "ignored", None) or {}))
 
 
 def _describe(ref: PoolRef | str) -> str:
@@ -236,6 +240,9 @@ def make_app(
                 return reply(500, "handler_error", error="rollback handler failed; retry")
         if result.unknown:
             ignored["unknown_target"] = len(result.unknown)
+        for reason, n in result.ignored.items():
+            if n:
+                ignored[reason] = ignored.get(reason, 0) + n
         _log_request(parsed.received, len(fresh), result, ignored)
         for reason, n in ignored.items():
             m.ignored.labels(reason).inc(n)

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -29,7 +29,13 @@ from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
 from mtp_operator.events import REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back_steps
 from mtp_operator.naming import label_value, pool_key
 from mtp_operator.planning import PlanError, plan_pool
-from mtp_operator.rollback.policy import Decision, PoolRollbackState, decide
+from mtp_operator.rollback.policy import (
+    NOT_ALLOWED_BY_RESOURCE,
+    Decision,
+    PoolRollbackState,
+    allowed_by_resource,
+    decide,
+)
 from mtp_operator.rollback.signals import AlertSignal
 from mtp_operator.rollback.state import with_decisions
 from mtp_operator.traffic_classes import class_specs
@@ -68,6 +74,9 @@ class Outcome:
     rolled_back: int = 0
     unchanged: int = 0
     unknown: list[str] = field(default_factory=list)  # "ns/name[/product]" not found
+    # accepted, never acted on, by reason (the webhook counts them in
+    # mtp_operator_alerts_ignored_total): not_allowed_by_resource, namespace_not_opted_in
+    ignored: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -239,6 +248,10 @@ class RollbackActions:
         for i, (sig, outcome) in enumerate((x, w.outcome) for w in batch for x in w.sigs):
             if yields and i % DECISIONS_PER_YIELD == DECISIONS_PER_YIELD - 1:
                 await asyncio.sleep(0)
+            if not allowed_by_resource(spec.rollback, sig):
+                # spec.rollback.alertNames / alertMatchers: not an alert it lets act
+                outcome.ignored[NOT_ALLOWED_BY_RESOURCE] += 1
+                continue
             product = by_label.get(sig.target.gpu_product, sig.target.gpu_product)
             if product != sig.target.gpu_product:
                 sig = replace(sig, target=replace(sig.target, gpu_product=product))

@@ -194,6 +194,7 @@ def parse_webhook(
                 starts_at=starts_at,
                 ends_at=ends_at,
                 fingerprint=alert.fingerprint,
+                labels=alert.labels,
             )
         )
     return out

@@ -219,6 +219,24 @@ def decide(
     return Decision(to_k, reason, new_state, record)
 
 
+# spec.rollback.alertNames / alertMatchers refused a signal (counted by the webhook in
+# mtp_operator_alerts_ignored_total{reason})
+NOT_ALLOWED_BY_RESOURCE = "not_allowed_by_resource"
+
+
+def allowed_by_resource(spec: RollbackSpec, signal: AlertSignal) -> bool:
+    """Whether the resource lets `signal` act at all (firing or resolved). `alertNames`
+    names the rules, which the built-in evaluator runs too, so it applies to both sources;
+    `alertMatchers` are matched against a webhook alert's labels only (the evaluator's
+    signals carry none and come from the operator itself, not from a token holder). A
+    matcher `label: ""` matches an alert without the label, as in Prometheus."""
+    if signal.alert not in spec.alert_names:
+        return False
+    if signal.via != "alertmanager" or not spec.alert_matchers:
+        return True
+    return all(signal.labels.get(k, "") == v for k, v in spec.alert_matchers.items())
+
+
 def known_good_due(state: PoolRollbackState, spec: RollbackSpec) -> datetime | None:
     """When the running K becomes known-good if no alert comes first (None: never/unknown)."""
     if state.current_k <= 0 or state.settings_since is None:

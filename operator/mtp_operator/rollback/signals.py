@@ -7,12 +7,15 @@ the pods' labels (relabelled by Prometheus), the shipped rules, Alertmanager and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-HIT_RATE_LOW = "MTPHitRateLow"
-ERROR_PROPAGATION_HIGH = "MTPErrorPropagationHigh"
+from ..api.v1alpha1 import ALERT_ERROR_PROPAGATION_HIGH, ALERT_HIT_RATE_LOW
+
+HIT_RATE_LOW = ALERT_HIT_RATE_LOW
+ERROR_PROPAGATION_HIGH = ALERT_ERROR_PROPAGATION_HIGH
 ROLLBACK_ALERTS = frozenset({HIT_RATE_LOW, ERROR_PROPAGATION_HIGH})
 
 # Labels every rollback alert must carry to name its pool.
@@ -49,6 +52,9 @@ class AlertSignal:
     starts_at: datetime | None = None
     ends_at: datetime | None = None
     fingerprint: str | None = None
+    # the alert's labels as Alertmanager sent them (spec.rollback.alertMatchers); the
+    # evaluator's signals carry none
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def has_value(self) -> bool:
