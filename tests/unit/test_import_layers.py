@@ -1,9 +1,11 @@
 """The import-layer contract of pyproject.toml ([tool.importlinter]), checked by import-linter.
 
-Arrows point down only: cli > app > control > adapters > pure logic (package root and
-rollback/) > api; pure logic does no I/O; no cycles; mtp_runtime stands alone. The last two
-tests run the same contract over a copy of the packages with one bad import each, so a
-contract that stopped seeing imports would fail here too.
+Arrows point down only: cli > app > control > adapters > pure logic (package root,
+rollback/, tuning/) > api; pure logic does no I/O; no cycles; mtp_runtime stands alone;
+rollback/ and tuning/ are independent of each other; the operator imports only the runtime's
+pure modules, and those do no I/O. The other tests run the same contracts over a copy of the
+packages with one bad import each, so a contract that stopped seeing imports would fail here
+too.
 """
 
 from __future__ import annotations
@@ -12,12 +14,19 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+CONTRACTS = {
+    c["id"]: c
+    for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"
+    ]
+}
 
 
 def lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -42,7 +51,7 @@ def copy(tmp_path: Path) -> Path:
 def test_the_import_contracts_hold(tmp_path: Path) -> None:
     proc = lint_imports(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "4 kept, 0 broken" in proc.stdout, proc.stdout
+    assert "7 kept, 0 broken" in proc.stdout, proc.stdout
 
 
 def test_an_unchanged_copy_passes(copy: Path) -> None:
@@ -72,3 +81,60 @@ def test_the_runtime_importing_the_operator_is_reported(copy: Path) -> None:
     proc = lint_imports(copy, copy)
     assert proc.returncode != 0
     assert "mtp_runtime is not allowed to import mtp_operator" in proc.stdout, proc.stdout
+
+
+ROLLBACK_TUNING = CONTRACTS["rollback-tuning-independent"]["name"]
+OPERATOR_PURE_RUNTIME = CONTRACTS["operator-imports-pure-runtime"]["name"]
+RUNTIME_PURE = CONTRACTS["runtime-pure"]["name"]
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract", "message"),
+    [
+        ("mtp_operator/tuning/decision.py", "from mtp_operator.rollback import policy",
+         ROLLBACK_TUNING, "mtp_operator.tuning is not allowed to import mtp_operator.rollback"),
+        ("mtp_operator/rollback/policy.py", "from mtp_operator.tuning import schedule",
+         ROLLBACK_TUNING, "mtp_operator.rollback is not allowed to import mtp_operator.tuning"),
+        ("mtp_operator/adapters/scrape.py", "from mtp_runtime import engine",
+         OPERATOR_PURE_RUNTIME, "mtp_operator is not allowed to import mtp_runtime.engine"),
+        ("mtp_operator/planning.py", "import mtp_runtime.launcher",
+         OPERATOR_PURE_RUNTIME, "mtp_operator is not allowed to import mtp_runtime.launcher"),
+        ("mtp_runtime/vllm_command.py", "import subprocess",
+         RUNTIME_PURE, "mtp_runtime.vllm_command is not allowed to import subprocess"),
+        ("mtp_runtime/spec_decode.py", "import urllib.request",
+         RUNTIME_PURE, "mtp_runtime.spec_decode is not allowed to import urllib"),
+        ("mtp_runtime/exposition.py", "import socket",
+         RUNTIME_PURE, "mtp_runtime.exposition is not allowed to import socket"),
+        ("mtp_runtime/figures.py", "import http.client",
+         RUNTIME_PURE, "mtp_runtime.figures is not allowed to import http"),
+        ("mtp_runtime/pool_config.py", "from mtp_runtime import gpu_detect",
+         RUNTIME_PURE, "mtp_runtime.pool_config is not allowed to import mtp_runtime.gpu_detect"),
+    ],
+    ids=["tuning>rollback", "rollback>tuning", "operator>engine", "operator>launcher",
+         "pure>subprocess", "pure>urllib", "pure>socket", "pure>http", "pure>io-module"],
+)
+def test_a_planted_import_breaks_its_contract(
+    copy: Path, module: str, line: str, contract: str, message: str
+) -> None:
+    with (copy / module).open("a") as f:
+        f.write(f"\n{line}  # noqa\n")
+    proc = lint_imports(copy, copy)
+    assert proc.returncode != 0
+    assert f"{contract} BROKEN" in proc.stdout, proc.stdout
+    assert message in proc.stdout, proc.stdout
+
+
+def test_every_runtime_module_is_pure_or_does_io() -> None:
+    """The two lists of mtp_runtime's modules in the contracts cover every module, once each,
+    so a new runtime module must be put on one side (as the layers contract's exhaustive)."""
+    modules = {
+        f"mtp_runtime.{p.stem}"
+        for p in (REPO / "runtime" / "mtp_runtime").glob("*.py") if p.stem != "__init__"
+    }
+    assert not [p for p in (REPO / "runtime" / "mtp_runtime").iterdir()
+                if p.is_dir() and p.name != "__pycache__"], "a subpackage: name it below too"
+    pure = set(CONTRACTS["runtime-pure"]["source_modules"])
+    io = set(CONTRACTS["operator-imports-pure-runtime"]["forbidden_modules"])
+    assert not pure & io, pure & io
+    assert pure | io == modules, (modules - pure - io, (pure | io) - modules)
+    assert io <= set(CONTRACTS["runtime-pure"]["forbidden_modules"]), "pure imports I/O"
