@@ -5,9 +5,9 @@ greedy completions, streaming and not, through an endpoint list that follows rea
 drops a leaving replica one second after its termination begins (a Service's EndpointSlice
 as kube-proxy applies it); the replica is replaced as a Deployment with a spare slot does
 (maxSurge 1: the new K's replica first, then the old one's preStop `mtp-runtime drain` and
-SIGTERM). The harness is `bench/k_change.py` (its docstring says what it replays rather than
-observes: there is no kubelet or kube-proxy here). Two engine starts: the K=2 replica, then
-the K=1 one; 1-3 minutes on 2 cores, more on a loaded machine.
+SIGTERM). The harness is `bench/k-change/k_change.py` (its docstring says what it replays
+rather than observes: there is no kubelet or kube-proxy here). Two engine starts: the K=2
+replica, then the K=1 one; 1-3 minutes on 2 cores, more on a loaded machine.
 
 Expected: 0 failed requests, and at least one request finished by the old replica after its
 termination began: the requests the drain saved (without it they are cut; the `before`
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "k-change"))
 
-import k_change  # noqa: E402  (bench/k_change.py)
+import k_change  # noqa: E402  (bench/k-change/k_change.py)
 
 pytestmark = pytest.mark.timeout(1800)
 
