@@ -48,8 +48,10 @@ from mtp_operator.planning import (
 from mtp_operator.rollback.state import RollbackView, pool_rollback_state
 from mtp_operator.settings import DEFAULT_POOL_REMOVAL_GRACE_SECONDS
 from mtp_operator.status import (
+    MAX_STATUS_POOLS,
     ObservedPool,
     StatusInput,
+    bounded,
     build_status,
     short_product,
     to_wire,
@@ -134,7 +136,33 @@ def plan_pass(
                 plans, canaries = class_plans(spec, plans, gpu_profiles, rollback.k_for, tuning)
             except PlanError as err:
                 blocking = list(err.problems)
+        if not blocking:
+            blocking = too_many_pools(spec, len(products), plans, fates)
+            if blocking:
+                plans, canaries = [], {}
     return PassPlan(spec, plans, blocking, reason, rollback, fates, tuning, canaries, fits)
+
+
+def too_many_pools(
+    spec: MTPInferenceSpec, products: int, plans: Sequence[PoolPlan], fates: Sequence[PoolFate]
+) -> list[Problem]:
+    """The pool cap (status.MAX_STATUS_POOLS): more pools (planned, and retained as they run)
+    would make the status too large for etcd; refused, naming the field and the limit. The
+    pools keep running as they are."""
+    count = len(plans) + sum(1 for f in fates if f.action == "retain")
+    if count <= MAX_STATUS_POOLS:
+        return []
+    classes = len(spec.speculative.classes or []) or 1
+    shape = (f" ({products} GPU products x {classes} traffic classes)"
+             if spec.speculative.classes else "")
+    return [Problem(
+        "gpuProducts",
+        f"{count} pools{shape}: over the limit of {MAX_STATUS_POOLS} a resource (its status "
+        "must stay well under etcd's 1.5 MiB object limit); list at most "
+        f"{MAX_STATUS_POOLS // classes} GPU products in gpuProducts"
+        + (" or use fewer speculative.classes" if spec.speculative.classes else "")
+        + ", or split the model over several resources",
+    )]
 
 
 def gone_since(status: MTPInferenceStatus) -> dict[str, datetime]:
@@ -159,7 +187,7 @@ def pass_status(
     """The status after a pass: the pools as planned and observed, or the problems; with
     spec.fit, each product's fit (status.fit, fitSummary, condition ModelFits)."""
     status = _pass_status(name, generation, plan, previous, observed, applied, now)
-    return with_fit(status, plan, generation, now)
+    return bounded(with_fit(status, plan, generation, now))  # the size bound (issue 36)
 
 
 def with_fit(

@@ -11,8 +11,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from mtp_operator import conditions as c
-from mtp_operator.api.tuning import PoolTuningStatus
-from mtp_operator.api.v1alpha1 import Condition, MTPInferenceStatus, PoolStatus
+from mtp_operator.api.tuning import MAX_TRIAL_HISTORY, MAX_TUNING_ROWS, PoolTuningStatus
+from mtp_operator.api.v1alpha1 import (
+    MAX_ROLLBACK_HISTORY,
+    Condition,
+    MTPInferenceStatus,
+    PoolStatus,
+)
 from mtp_operator.lws import is_leaderworkerset, observe_leaderworkerset
 from mtp_operator.naming import (
     ANNOTATION_COMMAND,
@@ -25,9 +30,21 @@ from mtp_operator.planning import PoolPlan
 from mtp_operator.timestamps import time_problem
 from mtp_runtime.gpu_profiles import product_kind_label
 from mtp_runtime.problems import Problem, problems_text
-from mtp_runtime.vllm_command import k_from_argv
+from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS, k_from_argv
 
 MAX_REMOVED_POOLS = 10
+# The status's size is bounded by design (issue 36; etcd refuses an object over 1.5 MiB, and
+# the status shares that with metadata and spec). tests/unit/test_status_size.py builds the
+# worst case these bounds admit and checks it against the limit; docs/operations.md gives the
+# figures.
+MAX_STATUS_POOLS = 64  # pools a resource may have (GPU products x traffic classes)
+MAX_FULL_POOL_ENTRIES = 16  # pool entries with their tuning report; the rest carry its state
+MAX_STATUS_TEXT = 256  # characters of each free-text field (reasons, details, messages)
+MAX_CONDITION_MESSAGE = 1024  # a condition's message (it lists pools)
+MAX_CONDITIONS = 16
+MAX_SUMMARY = 1024  # poolsSummary, tuningSummary, fitSummary, ready
+MAX_FIT_ENTRIES = MAX_STATUS_POOLS
+SUMMARISED_NOTE = f" [tuning report left out of status: over {MAX_FULL_POOL_ENTRIES} pools]"
 
 
 @dataclass(frozen=True)
@@ -313,4 +330,95 @@ def status_changed(
         return True
     return not c.same_ignoring_time(
         list(a.get("conditions") or []), list(b.get("conditions") or [])
+    )
+
+
+# ---- the size bound --------------------------------------------------------------------------
+
+def cut(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, the last one an ellipsis when cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _changed(obj: Any, /, **values: Any) -> Any:
+    """`model` with the values that differ (an unchanged one stays unset: the wire form, which
+    leaves unset fields out, is then the same)."""
+    update = {k: v for k, v in values.items() if getattr(obj, k) != v}
+    return obj.model_copy(update=update) if update else obj
+
+
+def _bounded_trial(trial: Any) -> Any:
+    return _changed(trial, reason=cut(trial.reason, MAX_STATUS_TEXT))
+
+
+def _bounded_tuning(t: PoolTuningStatus, full: bool) -> PoolTuningStatus:
+    reason = t.reason[: -len(SUMMARISED_NOTE)] if t.reason.endswith(SUMMARISED_NOTE) else t.reason
+    trial = None if t.trial is None else _bounded_trial(t.trial)
+    trials = [_bounded_trial(x) for x in t.trials[-MAX_TRIAL_HISTORY:]]
+    if not full:  # the state the operator reads back; the report is measured again
+        return _changed(
+            t, reason=cut(reason, MAX_STATUS_TEXT - len(SUMMARISED_NOTE)) + SUMMARISED_NOTE,
+            measured=[], estimates=[], step_cost=None, capacity=None,
+            recommended_schedule=None, trial=trial, trials=trials,
+        )
+    measured = [
+        _changed(m, acceptance=m.acceptance[:MAX_SPECULATIVE_TOKENS])
+        for m in t.measured[-MAX_TUNING_ROWS:]
+    ]
+    estimates = [
+        _changed(e, detail=cut(e.detail, MAX_STATUS_TEXT)) for e in t.estimates[:MAX_TUNING_ROWS]
+    ]
+    step_cost = t.step_cost and _changed(
+        t.step_cost, model=cut(t.step_cost.model, MAX_STATUS_TEXT),
+        ks=t.step_cost.ks[: MAX_SPECULATIVE_TOKENS + 1],
+    )
+    schedule = t.recommended_schedule
+    return _changed(
+        t, reason=cut(reason, MAX_STATUS_TEXT), measured=measured, estimates=estimates,
+        step_cost=step_cost, trial=trial, trials=trials,
+        recommended_schedule=None if schedule is None else schedule[:MAX_TUNING_ROWS],
+    )
+
+
+def _bounded_pool(pool: PoolStatus, full: bool) -> PoolStatus:
+    return _changed(
+        pool,
+        reason=cut(pool.reason, MAX_STATUS_TEXT),
+        retained=None if pool.retained is None else cut(pool.retained, MAX_STATUS_TEXT),
+        tuning=None if pool.tuning is None else _bounded_tuning(pool.tuning, full),
+    )
+
+
+def bounded(status: MTPInferenceStatus) -> MTPInferenceStatus:
+    """`status` within the size bound: at most MAX_STATUS_POOLS pools (the planner refuses
+    more, `reconcile_plan.plan_pass`), the first MAX_FULL_POOL_ENTRIES of them (in key order)
+    with their tuning report and the rest with the tuning state only (mode, recommended K,
+    trial, trial history, tuned K, generation: what the operator reads back; the measured table
+    is in memory and measured again), every free-text field, list and summary cut to its cap.
+    A status within the caps comes back as it is; bounding twice changes nothing."""
+    def summary(text: str | None) -> str | None:
+        return None if text is None else cut(text, MAX_SUMMARY)
+
+    return _changed(
+        status,
+        conditions=[
+            _changed(x, reason=cut(x.reason, MAX_STATUS_TEXT),
+                     message=cut(x.message, MAX_CONDITION_MESSAGE))
+            for x in status.conditions[:MAX_CONDITIONS]
+        ],
+        pools=[
+            _bounded_pool(p, i < MAX_FULL_POOL_ENTRIES)
+            for i, p in enumerate(status.pools[:MAX_STATUS_POOLS])
+        ],
+        rollbacks=[
+            _changed(r, alert=cut(r.alert, MAX_STATUS_TEXT), reason=cut(r.reason, MAX_STATUS_TEXT))
+            for r in status.rollbacks[-MAX_ROLLBACK_HISTORY:]
+        ],
+        fit=[_changed(f, message=cut(f.message, MAX_STATUS_TEXT))
+             for f in status.fit[:MAX_FIT_ENTRIES]],
+        removed_pools=status.removed_pools[-MAX_REMOVED_POOLS:],
+        pools_summary=summary(status.pools_summary),
+        tuning_summary=summary(status.tuning_summary),
+        fit_summary=summary(status.fit_summary),
+        ready=summary(status.ready),
     )
