@@ -98,11 +98,18 @@ def kubectl(sandbox) -> Callable[..., subprocess.CompletedProcess[str]]:
     return run
 
 
+# The Namespace label that lets the alert webhook act on the resources in it (the operator
+# setting alerts.requireNamespaceOptIn, on by default; naming.LABEL_ALERT_ROLLBACK).
+ALERT_ROLLBACK_OPT_IN = "mtp-operator.io/alert-rollback=enabled"
+
+
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, sandbox, kubectl) -> Iterator[str]:
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"t-{base}-{uuid.uuid4().hex[:5]}"
     kubectl("create", "namespace", name)
+    # opted in to rollbacks from the alert webhook (the operator's default requires it)
+    kubectl("label", "namespace", name, ALERT_ROLLBACK_OPT_IN)
     deadline = time.monotonic() + 30
     while kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode:
         if time.monotonic() > deadline:

@@ -155,6 +155,8 @@ async def webhook_phase(cluster: Cluster, args: argparse.Namespace, log) -> dict
     names = [f"r{i:02d}" for i in range(args.resources)]
     side_names = [f"s{i:02d}" for i in range(args.side_resources if args.big_body else 0)]
     cluster.kubectl("create", "namespace", ns)
+    # the webhook acts only in namespaces that opted in (alerts.requireNamespaceOptIn)
+    cluster.kubectl("label", "namespace", ns, "mtp-operator.io/alert-rollback=enabled")
     tmp = Path(tempfile.mkdtemp(prefix="mtp-reaction-"))
     (tmp / "token").write_text(TOKEN + "\n")
     port = free_port()

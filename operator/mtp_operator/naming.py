@@ -33,6 +33,10 @@ LABEL_CONTEXT_LENGTH_RANGE = "llm-d.ai/context-length-range"
 MANAGED_BY = "mtp-operator"
 APP_NAME = "mtp-inference"
 
+# On a Namespace: `enabled` lets the alert webhook roll back the MTPInferences in it (with the
+# operator setting alerts.requireNamespaceOptIn, the default; adapters/namespaces.py)
+LABEL_ALERT_ROLLBACK = "mtp-operator.io/alert-rollback"
+ALERT_ROLLBACK_ENABLED = "enabled"
 ANNOTATION_COMMAND = "mtp-operator.io/vllm-command"
 ANNOTATION_SETTINGS_HASH = "mtp-operator.io/settings-hash"
 ANNOTATION_RESET_ROLLBACK = "mtp-operator.io/reset-rollback"

@@ -10,7 +10,10 @@ Read from a YAML file (the chart mounts it from a ConfigMap) and overridden by C
       shareHostPathAcrossNamespaces: false   # true: hostPath caches not keyed by namespace
     poolRemovalGraceSeconds: 600   # a pool whose GPU product no node carries goes after this
     listPageSize: 100              # objects per page when the operator lists a kind at start
-    alerts: {maxAlertAgeSeconds: 10800}  # webhook alerts that began longer ago are ignored
+    alerts:
+      maxAlertAgeSeconds: 10800      # webhook alerts that began longer ago are ignored
+      requireNamespaceOptIn: true    # the webhook acts only in namespaces labelled
+                                     # mtp-operator.io/alert-rollback=enabled
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ class ModelCacheSettings(_Settings):
 
 class AlertsSettings(_Settings):
     max_alert_age_seconds: float = Field(DEFAULT_MAX_ALERT_AGE_SECONDS, gt=0)
+    # The webhook acts only on resources whose Namespace carries the label
+    # mtp-operator.io/alert-rollback=enabled (adapters/namespaces.py); false: on any namespace
+    # the operator watches. The built-in evaluator needs no opt-in.
+    require_namespace_opt_in: bool = True
 
 
 class OperatorSettings(_Settings):

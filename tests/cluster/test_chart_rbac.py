@@ -9,14 +9,16 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import urllib.request
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
 from support.chart import CHART, helm
 from support.cluster_fixtures import get_json, wait_for
-from support.operator_proc import OperatorProcess
+from support.operator_proc import OperatorProcess, free_port
 from support.pool_fakes import PoolFakes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +56,19 @@ def _used(audit_log: Path, user: str, since: float) -> set[tuple[str, str, str]]
     return used
 
 
+def _post_alert(port: int, namespace: str, name: str, product: str) -> dict:
+    alert = {"status": "firing", "startsAt": datetime.now(UTC).isoformat(),
+             "labels": {"alertname": "MTPHitRateLow", "namespace": namespace,
+                        "mtpinference": name, "gpu_product": product},
+             "annotations": {"value": "0.5", "threshold": "0.88"}}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/alerts", method="POST",
+        data=json.dumps({"version": "4", "alerts": [alert]}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
 def _granted(kubectl, full: str, namespace: str) -> set[tuple[str, str, str]]:
     rules = get_json(kubectl, "clusterrole", full)["rules"]
     rules += get_json(kubectl, "role", f"{full}-leader-election", "-n", namespace)["rules"]
@@ -76,12 +91,16 @@ def test_operator_with_chart_identity_reconciles_and_uses_every_granted_verb(
     user = f"system:serviceaccount:{namespace}:{full}"
     work = f"{namespace[:50]}-w"
     kubectl("create", "namespace", work)
+    # opted in to the alert webhook: its one alert below reads the label (namespaces get)
+    kubectl("label", "namespace", work, "mtp-operator.io/alert-rollback=enabled")
+    alerts_port = free_port()
     started = time.time()
     op = OperatorProcess(
         _sa_kubeconfig(sandbox, kubectl, namespace, full, tmp_path / "sa.kubeconfig"),
         tmp_path / "operator",
         ["--namespace", work, "--leader-election", "--lease-namespace", namespace,
-         "--lease-name", full, "--evaluator", "--evaluator-interval", "1"],
+         "--lease-name", full, "--evaluator", "--evaluator-interval", "1",
+         "--alerts-address", f"127.0.0.1:{alerts_port}"],
     )
     try:
         op.start()
@@ -98,6 +117,9 @@ def test_operator_with_chart_identity_reconciles_and_uses_every_granted_verb(
         # refused (leaderworkersets list, watch, create/patch)
         assert len(obj["status"]["pools"]) == 3
         assert len(get_json(kubectl, "leaderworkersets", "-n", work)["items"]) == 2
+        # an alert through the webhook: the namespace's opt-in is read (namespaces get) and
+        # the H200 pool rolled back
+        assert _post_alert(alerts_port, work, name, "NVIDIA-H200")["changed"] == 1
         # update one pool, then drop one (patch and delete on deployments)
         example["spec"].setdefault("speculative", {})["profiles"] = {"H200": 1}
         kubectl("apply", "-n", work, "-f", "-", input=yaml.safe_dump(example))

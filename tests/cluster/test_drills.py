@@ -77,6 +77,7 @@ class Cluster:
     def namespace(self) -> str:
         name = f"drill-{uuid.uuid4().hex[:6]}"
         self.kubectl("create", "namespace", name)
+        self.kubectl("label", "namespace", name, "mtp-operator.io/alert-rollback=enabled")
         wait_for(lambda: self.kubectl("get", "sa", "default", "-n", name, check=False)
                  .returncode == 0, 30, message="default ServiceAccount")
         return name

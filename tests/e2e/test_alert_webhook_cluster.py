@@ -336,3 +336,34 @@ def test_a_burst_of_1000_alerts_rolls_each_pool_back_exactly_once(
         assert r.status == 200
     assert op.proc is not None and op.proc.poll() is None, op.log_tail()
     assert "Traceback" not in op.log_path.read_text()
+
+
+def test_a_namespace_that_has_not_opted_in_is_not_rolled_back_from_the_webhook(
+    kubectl, namespace, webhook_operator
+):
+    """Issue 36, what one token may do: with the operator's default settings
+    (alerts.requireNamespaceOptIn) the webhook acts only on resources whose Namespace carries
+    mtp-operator.io/alert-rollback=enabled. Without it a valid alert is accepted (200,
+    Alertmanager must not retry), counted as namespace_not_opted_in, and changes nothing; once
+    the label is set (seen within the operator's 10 s cache) the same alert acts."""
+    from mtp_operator.adapters.namespaces import OPT_IN_CACHE_SECONDS
+
+    op, hook = webhook_operator
+    kubectl("label", "namespace", namespace, "mtp-operator.io/alert-rollback-")
+    obj = ready_resource(kubectl, namespace)
+    hashes = settings_hashes(deployments(kubectl, namespace))
+    code, doc, _ = hook.post(payload([am_alert(namespace, "dsv3", H100, fingerprint="a1")]))
+    assert code == 200, doc
+    assert (doc["changed"], doc["unchanged"]) == (0, 0), doc
+    assert doc["ignored"] == {"namespace_not_opted_in": 1}, doc
+    assert metric(op, "mtp_operator_alerts_ignored_total", reason="namespace_not_opted_in") == 1
+    assert_untouched(kubectl, namespace, obj, hashes)
+    assert "not opted in" in op.log_path.read_text(errors="replace")
+
+    kubectl("label", "namespace", namespace, "mtp-operator.io/alert-rollback=enabled")
+    time.sleep(OPT_IN_CACHE_SECONDS + 0.5)
+    code, doc, _ = hook.post(payload([am_alert(namespace, "dsv3", H100, fingerprint="a2")]))
+    assert (code, doc["changed"], doc["ignored"]) == (200, 1, {}), doc
+    obj = resource(kubectl, namespace, "dsv3")
+    assert [(r["gpuProduct"], r["toK"], r["via"]) for r in obj["status"]["rollbacks"]] == [
+        (H100, 5, "alertmanager")]

@@ -159,6 +159,7 @@ def operator_image(real_node) -> str:
 def release(sandbox, kubectl, real_node, operator_image, crd_installed, tmp_path_factory):
     r = Release(sandbox, kubectl, tmp_path_factory.mktemp("chart"))
     kubectl("create", "namespace", r.apps)
+    kubectl("label", "namespace", r.apps, "mtp-operator.io/alert-rollback=enabled")
     r.write_values(operator_image)
     try:
         r.helm("install", RELEASE, str(CHART), "-f", str(r.values), "--create-namespace",

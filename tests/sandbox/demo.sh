@@ -103,6 +103,9 @@ for i in $(seq 120); do
     sleep 0.5
 done
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+# lets the alert webhook roll this namespace's pools back too (the operator requires the opt-in
+# by default; the demo's rollback comes from the built-in evaluator, which needs none)
+kubectl label namespace "$NS" mtp-operator.io/alert-rollback=enabled --overwrite >/dev/null
 say "LeaderWorkerSet controller (sigs.k8s.io/lws v0.7.0, for pools whose replica spans nodes)"
 LWS_STARTED=1
 lws_controller start

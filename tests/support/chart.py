@@ -36,6 +36,8 @@ CLUSTER_RULES: frozenset[tuple[str, str, str]] = frozenset(
     + [("", "pods", v) for v in ("list", "watch", "create", "patch", "delete")]
     + [("", "persistentvolumeclaims", v) for v in ("list", "watch")]
     + [("", "events", "create")]
+    # the alert webhook's namespace opt-in (label mtp-operator.io/alert-rollback): one GET
+    + [("", "namespaces", "get")]
 )
 LEASE_RULES: frozenset[tuple[str, str, str]] = frozenset(
     ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")

@@ -92,6 +92,7 @@ class FakeKube:
     calls: list[tuple[str, str]] = field(default_factory=list)  # (method, object name)
     fail: dict[str, Exception] = field(default_factory=dict)
     rv: int = 100
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> labels
 
     def _next_rv(self) -> str:
         self.rv += 1
@@ -142,6 +143,12 @@ class FakeKube:
             stored["status"] = old["status"]
         self.objects[key] = stored
         return copy.deepcopy(stored)
+
+    async def namespace_labels(self, name: str) -> dict[str, str] | None:
+        self._maybe_fail("namespace_labels")
+        self.calls.append(("namespace_labels", name))
+        labels = self.namespaces.get(name)
+        return None if labels is None else dict(labels)
 
     async def delete_deployment(self, namespace: str, name: str) -> None:
         self._maybe_fail("delete_deployment")

@@ -237,6 +237,18 @@ def test_settings_file_is_what_the_operator_reads() -> None:
     assert OperatorSettings.model_validate(yaml.safe_load(default_text)).gpu_profiles == {}
 
 
+def test_namespace_opt_in_is_on_by_default_and_a_value_turns_it_off() -> None:
+    """alerts.requireNamespaceOptIn reaches the settings file (issue 36: the webhook acts
+    only in namespaces labelled mtp-operator.io/alert-rollback=enabled)."""
+    def opt_in(values: list[str]) -> bool:
+        text = find(render(values=values), "ConfigMap", "mtp-operator-settings")["data"][
+            "settings.yaml"]
+        return OperatorSettings.model_validate(yaml.safe_load(text)).alerts.require_namespace_opt_in
+
+    assert opt_in([]) is True
+    assert opt_in(["alerts.requireNamespaceOptIn=false"]) is False
+
+
 def test_settings_change_rolls_the_pods() -> None:
     a = find(render(), "Deployment")["spec"]["template"]["metadata"]["annotations"]
     b = find(render(values=["gpuProfiles.H100=5"]), "Deployment")

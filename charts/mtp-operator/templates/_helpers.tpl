@@ -80,4 +80,6 @@ modelCache:
   shareHostPathAcrossNamespaces: {{ .Values.modelCache.shareHostPathAcrossNamespaces | default false }}
 poolRemovalGraceSeconds: {{ .Values.poolRemovalGraceSeconds }}
 listPageSize: {{ .Values.listPageSize }}
+alerts:
+  requireNamespaceOptIn: {{ .Values.alerts.requireNamespaceOptIn }}
 {{- end -}}

@@ -21,7 +21,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Service
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Pod, Service
 from lightkube.types import PatchType
 
 from mtp_operator import lws
@@ -191,6 +191,17 @@ class KubeClient:
                 return False
             raise
         return True
+
+    async def namespace_labels(self, name: str) -> dict[str, str] | None:
+        """A Namespace's labels (one GET; `namespaces get`); None when there is no such
+        namespace."""
+        try:
+            obj = await self.client.get(Namespace, name)
+        except ApiError as err:
+            if err.status.code == 404:
+                return None
+            raise
+        return dict((obj.metadata.labels if obj.metadata else None) or {})
 
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:

@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mtp_operator.adapters.api_writes import ApiWrites
 from mtp_operator.adapters.kube import KubeClient
+from mtp_operator.adapters.namespaces import NamespaceOptIn
 from mtp_operator.adapters.telemetry import REGISTRY, count_gc_seconds
 from mtp_operator.addresses import parse_address
 from mtp_operator.app import handlers, kopf_tweaks
@@ -165,7 +166,10 @@ async def run(opts: RunOptions) -> int:
     kube = KubeClient(client, writes)
     view = handlers.KopfView()
     reconciler = Reconciler(kube, view, opts.settings)
-    actions = RollbackActions(kube, view, reconciler)
+    # the webhook acts only in namespaces that opted in (issue 36), unless the settings say not
+    opted_in = (NamespaceOptIn(kube.namespace_labels)
+                if opts.settings.alerts.require_namespace_opt_in else None)
+    actions = RollbackActions(kube, view, reconciler, namespace_opted_in=opted_in)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, reconciler, view)
 

@@ -32,6 +32,11 @@ class Kube(Protocol):
         other field managers added, which server-side apply never does."""
         ...
 
+    async def namespace_labels(self, name: str) -> dict[str, str] | None:
+        """A Namespace's labels; None when there is no such namespace (the webhook's opt-in,
+        adapters/namespaces.py)."""
+        ...
+
     async def delete_deployment(self, namespace: str, name: str) -> None: ...
 
     async def delete_leaderworkerset(self, namespace: str, name: str) -> None:

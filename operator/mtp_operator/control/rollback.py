@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -27,7 +27,12 @@ from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.control.ports import ClusterView, Key, Kube
 from mtp_operator.control.reconciler import Reconciler, TransientReconcileError
 from mtp_operator.events import REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back_steps
-from mtp_operator.naming import label_value, pool_key
+from mtp_operator.naming import (
+    ALERT_ROLLBACK_ENABLED,
+    LABEL_ALERT_ROLLBACK,
+    label_value,
+    pool_key,
+)
 from mtp_operator.planning import PlanError, plan_pool
 from mtp_operator.rollback.policy import (
     NOT_ALLOWED_BY_RESOURCE,
@@ -42,6 +47,9 @@ from mtp_operator.traffic_classes import class_specs
 from mtp_operator.validation import spec_problems
 
 log = logging.getLogger(__name__)
+
+# A webhook alert for a resource whose namespace has not opted in (adapters/namespaces.py)
+NAMESPACE_NOT_OPTED_IN = "namespace_not_opted_in"
 
 # A pass waits for requests still arriving for its resource: until BATCH_QUIET_SECONDS bring
 # none, at most BATCH_GATHER_SECONDS (bench/reaction.py: a burst of 100 alerts at once).
@@ -95,11 +103,15 @@ class RollbackActions:
         view: ClusterView,
         reconciler: Reconciler,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        namespace_opted_in: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
+        """`namespace_opted_in`: asked for each namespace a webhook alert acts in (the
+        operator setting alerts.requireNamespaceOptIn); None: every namespace may be."""
         self.kube = kube
         self.view = view
         self.reconciler = reconciler
         self.clock = clock
+        self.namespace_opted_in = namespace_opted_in
         self._waiting: dict[Key, list[_Waiting]] = defaultdict(list)
 
     async def apply_signals(self, signals: Iterable[AlertSignal]) -> Outcome:
@@ -126,6 +138,8 @@ class RollbackActions:
             if name != sig.target.mtpinference:
                 sig = replace(sig, target=replace(sig.target, mtpinference=name))
             by_resource[(ns, name)].append(sig)
+        if self.namespace_opted_in is not None:
+            await self._drop_namespaces_not_opted_in(by_resource, outcome)
         wide = len(by_resource) > WIDE_REQUEST_RESOURCES
         passes = asyncio.Semaphore(WIDE_REQUEST_PASSES) if wide else contextlib.nullcontext()
 
@@ -156,6 +170,41 @@ class RollbackActions:
         # share of passes)
         await asyncio.gather(*(one(k, s) for k, s in by_resource.items()))
         return outcome
+
+    async def _drop_namespaces_not_opted_in(
+        self, by_resource: dict[Key, list[AlertSignal]], outcome: Outcome
+    ) -> None:
+        """Webhook alerts act only in namespaces that opted in (issue 36): the others' are
+        taken out of `by_resource` and counted. The evaluator's signals come from the
+        operator's own scrapes, not from a token holder, and need no opt-in. Only namespaces
+        holding a known resource get here, each read once a request."""
+        assert self.namespace_opted_in is not None
+        refused: set[str] = set()
+        answers: dict[str, bool] = {}
+        for key in list(by_resource):
+            webhook = [s for s in by_resource[key] if s.via == "alertmanager"]
+            if not webhook:
+                continue
+            ns = key[0]
+            if ns not in answers:
+                answers[ns] = await self.namespace_opted_in(ns)
+            if answers[ns]:
+                continue
+            refused.add(ns)
+            outcome.ignored[NAMESPACE_NOT_OPTED_IN] += len(webhook)
+            rest = [s for s in by_resource[key] if s.via != "alertmanager"]
+            if rest:
+                by_resource[key] = rest
+            else:
+                del by_resource[key]
+        if refused:
+            shown = sorted(refused)
+            log.warning(
+                "webhook alerts for namespace(s) %s ignored: not opted in (label "
+                "%s=%s on the Namespace; operator setting alerts.requireNamespaceOptIn)",
+                ", ".join(shown[:5]) + (f" (+{len(shown) - 5} more)" if len(shown) > 5 else ""),
+                LABEL_ALERT_ROLLBACK, ALERT_ROLLBACK_ENABLED,
+            )
 
     async def _apply_to_resource(
         self, key: Key, sigs: list[AlertSignal], outcome: Outcome, received: float,
