@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from mtp_operator import builders
+from mtp_operator.api.crd import crd
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.model_cache import cache_problems, effective, path_allowed
@@ -205,6 +206,15 @@ def test_the_cache_root_variable_is_reserved() -> None:
     found = spec_problems({"model": "org/model",
                            "env": [{"name": "MTP_RUNTIME_CACHE_ROOT", "value": "/"}]})[1]
     assert any(f.startswith("env") and "MTP_RUNTIME_CACHE_ROOT" in m for f, m in found), found
+    # and the API server refuses it too (the CRD's CEL rule on env names)
+    def rules(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            found = [r["rule"] for r in node.get("x-kubernetes-validations", [])]
+            return found + [r for v in node.values() for r in rules(v)]
+        return [r for v in node for r in rules(v)] if isinstance(node, list) else []
+
+    (env_rule,) = [r for r in rules(crd()) if r.startswith("!(self.name in [")]
+    assert "'MTP_RUNTIME_CACHE_ROOT'" in env_rule
 
 
 def test_a_cache_change_restarts_the_pool_and_a_k_change_keeps_the_cache() -> None:

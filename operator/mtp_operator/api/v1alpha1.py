@@ -19,6 +19,7 @@ from mtp_operator.api.classes import MAX_CLASSES, TrafficClass
 from mtp_operator.api.tuning import TUNING_CEL, BatchSizeRange, PoolTuningStatus, TuningSpec
 from mtp_runtime.drain import DRAIN_SECONDS_ENV
 from mtp_runtime.gpu_profiles import PoolSource
+from mtp_runtime.model_cache import CACHE_ROOT_ENV
 from mtp_runtime.pool_config import ENV_VAR
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS, MODEL_ID_PATTERN
 
@@ -42,7 +43,7 @@ MAX_DURATION_SECONDS = 30 * 24 * 3600  # rollback timings: 30 days at most
 MAX_MTP_LAYERS = 64
 # The pod parts a spec passes through (env, tolerations): what Kubernetes accepts, and the
 # environment variables the operator sets itself in every pool container.
-RESERVED_ENV = (ENV_VAR, "VLLM_USE_MODELSCOPE", DRAIN_SECONDS_ENV)
+RESERVED_ENV = (ENV_VAR, "VLLM_USE_MODELSCOPE", DRAIN_SECONDS_ENV, CACHE_ROOT_ENV)
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
