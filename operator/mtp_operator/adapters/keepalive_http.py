@@ -2,7 +2,7 @@
 evaluator's scrapes (every pool pod's /metrics, thousands of them every interval).
 
 Why not aiohttp here: the evaluator's CPU budget is a quarter of a core at 4,000 pods
-(bench/scale_evaluator.py). Fetching a 55 KB exposition over a kept-alive loopback
+(bench/scale/scale_evaluator.py). Fetching a 55 KB exposition over a kept-alive loopback
 connection, spread as the evaluator spreads them, aiohttp's client spent about 0.26 ms of CPU
 a fetch and an asyncio.Protocol that frames the answer itself about 0.16 ms (measured on the
 bench's machine); at 4,000 pods every 15 s that difference is 0.03 of a core.

@@ -26,7 +26,7 @@ CONNECT_TIMEOUT_SECONDS = 1.0
 MAX_PARALLEL_SCRAPES = 32
 # Only the spec-decode samples, asked as prometheus_client's name[] filter: a plain
 # prometheus_client server then answers a few hundred bytes instead of ~55 KB of histograms.
-# vLLM (0.32.0, measured by bench/record_exposition.py) ignores it and sends everything;
+# vLLM (0.32.0, measured by bench/scale/record_exposition.py) ignores it and sends everything;
 # spec_snapshot() then skips the other families without parsing them.
 METRICS_PATH = "/metrics?" + urlencode([("name[]", n) for n in SPEC_DECODE_COUNTERS])
 # Plain text: on a cluster network inflating a gzip answer costs more CPU than it saves.
