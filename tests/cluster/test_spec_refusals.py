@@ -37,6 +37,15 @@ REFUSED = [
     ({"speculative": {"mtpLayers": 65}}, "spec.speculative.mtpLayers"),
     ({"rollback": {"cooldownSeconds": 10**9}}, "spec.rollback.cooldownSeconds"),
     ({"rollback": {"minDrafts": 2**31}}, "spec.rollback.minDrafts"),
+    # which alerts may roll the resource back (issue 36): the two rules, once each
+    ({"rollback": {"alertNames": ["HighLatency"]}}, "spec.rollback.alertNames[0]"),
+    ({"rollback": {"alertNames": []}}, "spec.rollback.alertNames"),
+    ({"rollback": {"alertNames": ["MTPHitRateLow", "MTPHitRateLow"]}},
+     "spec.rollback.alertNames[1]"),
+    ({"rollback": {"alertMatchers": {"team-name": "ml"}}}, "spec.rollback.alertMatchers"),
+    ({"rollback": {"alertMatchers": {f"l{i}": "" for i in range(17)}}},
+     "spec.rollback.alertMatchers"),
+    ({"rollback": {"alertMatchers": {"cluster": "x" * 1025}}}, "spec.rollback.alertMatchers"),
     ({"maxModelLen": 2**31}, "spec.maxModelLen"),
     ({"env": [{"value": "x"}]}, "spec.env[0].name"),
     ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "spec.env[1]"),
@@ -68,5 +77,7 @@ def test_good_pod_parts_are_accepted(kubectl, namespace, crd_installed):
         tolerations=[{"operator": "Exists"},
                      {"key": "a", "value": "b", "effect": "NoExecute", "tolerationSeconds": 3}],
         replicas=2**31 - 1, speculative={"numSpeculativeTokens": 16},
+        rollback={"alertNames": ["MTPHitRateLow"],
+                  "alertMatchers": {"cluster": "prod", "_shard": "", "x" * 300: "y" * 1024}},
     )
     assert p.returncode == 0, p.stderr
