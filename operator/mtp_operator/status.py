@@ -351,7 +351,7 @@ def _bounded_trial(trial: Any) -> Any:
     return _changed(trial, reason=cut(trial.reason, MAX_STATUS_TEXT))
 
 
-def _bounded_tuning(t: PoolTuningStatus, full: bool) -> PoolTuningStatus:
+def bounded_tuning(t: PoolTuningStatus, full: bool) -> PoolTuningStatus:
     reason = t.reason[: -len(SUMMARISED_NOTE)] if t.reason.endswith(SUMMARISED_NOTE) else t.reason
     trial = None if t.trial is None else _bounded_trial(t.trial)
     trials = [_bounded_trial(x) for x in t.trials[-MAX_TRIAL_HISTORY:]]
@@ -385,7 +385,7 @@ def _bounded_pool(pool: PoolStatus, full: bool) -> PoolStatus:
         pool,
         reason=cut(pool.reason, MAX_STATUS_TEXT),
         retained=None if pool.retained is None else cut(pool.retained, MAX_STATUS_TEXT),
-        tuning=None if pool.tuning is None else _bounded_tuning(pool.tuning, full),
+        tuning=None if pool.tuning is None else bounded_tuning(pool.tuning, full),
     )
 
 

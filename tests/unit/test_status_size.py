@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 import pytest
 
 from mtp_operator.api.classes import MAX_CLASS_NAME, MAX_CLASSES
-from mtp_operator.api.tuning import MAX_TRIAL_HISTORY, MAX_TUNING_ROWS
+from mtp_operator.api.tuning import MAX_TRIAL_HISTORY, MAX_TUNING_ROWS, PoolTuningStatus
 from mtp_operator.api.v1alpha1 import MAX_ROLLBACK_HISTORY, MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.planning import GPUNode
 from mtp_operator.reconcile_plan import plan_pass
@@ -35,9 +35,11 @@ from mtp_operator.status import (
     MAX_SUMMARY,
     SUMMARISED_NOTE,
     bounded,
+    bounded_tuning,
     status_changed,
     to_wire,
 )
+from mtp_operator.tuning.state import stamped
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS
 
 pytestmark = pytest.mark.unit
@@ -253,3 +255,31 @@ def test_more_pools_than_the_cap_are_refused_naming_the_field_and_the_limit() ->
                      {"generation": 1}, {}, T0)
     ((field, message),) = over.problems
     assert field == "gpuProducts" and f"over the limit of {MAX_STATUS_POOLS}" in message
+
+
+def _published(reason: str, updated: str) -> PoolTuningStatus:
+    return PoolTuningStatus.model_validate({
+        "mode": "Recommend", "reason": reason, "recommendedK": 3, "generation": 1,
+        "updated": updated,
+        "measured": [{"k": 3, "outputTokensPerSecond": 50.0, "acceptance": [0.8, 0.7, 0.6],
+                      "tokensPerStep": 3.1, "windowSeconds": 300.0,
+                      "windowEnd": "2026-12-06T05:00:00Z", "replicas": 2}],
+        "estimates": [{"k": 3, "basis": "measured", "detail": "d"}],
+    })
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_a_window_that_changes_nothing_but_what_the_bound_leaves_out_writes_nothing(
+    full: bool,
+) -> None:
+    """The tuner keeps `updated` when a window changes nothing (no status write); what the
+    status holds is the bounded entry, so the comparison is with the entry as bounded: a
+    summarised pool's report, or a reason longer than the cap, is no change."""
+    reason = "r" * (2 * MAX_STATUS_TEXT)
+    stored = bounded_tuning(_published(reason, "2026-12-06T05:00:00Z"), full)
+    again = _published(reason, "2026-12-06T05:05:00Z")
+    assert stamped(again, stored).updated == "2026-12-06T05:00:00Z"
+    moved = _published(reason + "!", "2026-12-06T05:05:00Z")  # cut away too: no change
+    assert stamped(moved, stored).updated == "2026-12-06T05:00:00Z"
+    other = _published("another reason", "2026-12-06T05:05:00Z")
+    assert stamped(other, stored).updated == "2026-12-06T05:05:00Z"

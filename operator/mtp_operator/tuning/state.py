@@ -18,6 +18,7 @@ from mtp_operator.api.tuning import (
 )
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
 from mtp_operator.planning import PlanError, PoolPlan, plan_pool
+from mtp_operator.status import SUMMARISED_NOTE, bounded_tuning
 from mtp_operator.timestamps import format_time, parse_time
 
 from .capacity import Capacity
@@ -89,10 +90,14 @@ def with_tuning(
 def stamped(entry: PoolTuningStatus, previous: PoolTuningStatus | None) -> PoolTuningStatus:
     """`entry` with `updated` kept from `previous` when nothing else in it changed: a window
     that changes nothing makes no status write (issue 36); `updated` says when the entry last
-    changed."""
+    changed. `previous` is what the status holds, bounded (`status.bounded`: a summarised pool
+    has no report, long texts are cut), so `entry` is compared as the bound would leave it."""
     if previous is None or previous.updated is None:
         return entry
-    if entry.model_copy(update={"updated": None}) != previous.model_copy(update={"updated": None}):
+    full = not previous.reason.endswith(SUMMARISED_NOTE)
+    if bounded_tuning(entry, full).model_copy(update={"updated": None}) != previous.model_copy(
+        update={"updated": None}
+    ):
         return entry
     return entry.model_copy(update={"updated": previous.updated})
 
