@@ -28,7 +28,7 @@ CLUSTER_RULES: frozenset[tuple[str, str, str]] = frozenset(
     + [("", "services", v) for v in ("get", "list", "watch", "create", "patch", "delete")]
     + [("leaderworkerset.x-k8s.io", "leaderworkersets", v)
        for v in ("list", "watch", "create", "patch", "delete")]
-    + [("policy", "poddisruptionbudgets", v) for v in ("create", "patch")]
+    + [("policy", "poddisruptionbudgets", v) for v in ("create", "patch", "delete")]
     + [("inference.networking.k8s.io", "inferencepools", v)
        for v in ("get", "create", "patch", "delete")]
     + [("", "configmaps", v) for v in ("get", "create", "patch", "delete")]

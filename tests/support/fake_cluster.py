@@ -155,6 +155,11 @@ class FakeKube:
         self.calls.append(("delete_deployment", name))
         self.objects.pop(("Deployment", namespace, name), None)
 
+    async def delete_pdb(self, namespace: str, name: str) -> None:
+        self._maybe_fail("delete_pdb")
+        self.calls.append(("delete_pdb", name))
+        self.objects.pop(("PodDisruptionBudget", namespace, name), None)
+
     async def delete_leaderworkerset(self, namespace: str, name: str) -> None:
         self._maybe_fail("delete_leaderworkerset")
         self.calls.append(("delete_leaderworkerset", name))

@@ -566,6 +566,34 @@ async def test_a_scale_and_a_k_change_in_one_pass_count_the_new_size() -> None:
     assert f"no spare slot on {H100} (0 of 16 GPUs" in kube.events[-1][2]
 
 
+async def test_a_removed_pool_takes_its_disruption_budget_with_it() -> None:
+    """A pool taken out of gpuProducts is deleted and so is its PodDisruptionBudget (it would
+    select no pod and stay until the resource goes); the other pool's budget stays. A refused
+    budget delete (RBAC of an older install) does not fail the pass."""
+    kube, view = FakeKube(), FakeView(nodes=[node("h1", H100, gpus=16), node("l1", L40S)])
+    view.add(mtpinference("res", SPEC))
+    rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
+    await rec.reconcile(KEY)
+    view.deliver(kube, ready=True)
+    budgets = {n for (kind, _, n) in kube.objects if kind == "PodDisruptionBudget"}
+    assert budgets == {"res-h100-80gb-hbm3", "res-l40s"}
+    body = view.resources[KEY]
+    body["spec"] = {**SPEC, "gpuProducts": [H100]}
+    body["metadata"]["generation"] = 2
+    await rec.reconcile(KEY)
+    assert ("delete_deployment", "res-l40s") in kube.calls
+    assert ("delete_pdb", "res-l40s") in kube.calls
+    assert {n for (kind, _, n) in kube.objects if kind == "PodDisruptionBudget"} == {
+        "res-h100-80gb-hbm3"}
+    view.deliver(kube, ready=True)
+    kube.fail["delete_pdb"] = api_error(403, "poddisruptionbudgets is forbidden")
+    body["spec"] = {**SPEC, "gpuProducts": [L40S]}
+    body["metadata"]["generation"] = 3
+    await rec.reconcile(KEY)
+    assert ("delete_deployment", "res-h100-80gb-hbm3") in kube.calls
+    assert KEY in kube.statuses and set(kube.deployments()) == {L40S}
+
+
 async def test_a_refused_disruption_budget_does_not_fail_the_pool_write(cluster) -> None:
     """An install whose RBAC predates budgets: the PDB apply gets 403, the pools are written
     and the pass succeeds; the budget is tried again with the pool's next write."""

@@ -22,6 +22,7 @@ from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Pod, Service
+from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from mtp_operator import lws
@@ -213,6 +214,13 @@ class KubeClient:
     async def delete_leaderworkerset(self, namespace: str, name: str) -> None:
         try:
             await self.client.delete(LeaderWorkerSetResource, name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+
+    async def delete_pdb(self, namespace: str, name: str) -> None:
+        try:
+            await self.client.delete(PodDisruptionBudget, name, namespace=namespace)
         except ApiError as err:
             if err.status.code != 404:
                 raise

@@ -270,8 +270,15 @@ class PoolWrites:
         name = (pool.get("metadata") or {}).get("name", "")
         if is_leaderworkerset(pool):
             await self.kube.delete_leaderworkerset(namespace, name)
-        else:
-            await self.kube.delete_deployment(namespace, name)
+            return
+        await self.kube.delete_deployment(namespace, name)
+        # its PodDisruptionBudget (same name) selects no pod now: gone with it, not left until
+        # the resource is deleted (an install whose RBAC predates this may refuse: logged)
+        self.__dict__.get("_pool_budgets", {}).pop((namespace, name), None)
+        try:
+            await self.kube.delete_pdb(namespace, name)
+        except ApiError as err:
+            log.warning("PodDisruptionBudget %s/%s not deleted: %s", namespace, name, err)
 
     async def _retained(
         self,
