@@ -102,7 +102,10 @@ def test_a_new_k_reads_the_weights_from_the_nodes_cache(cpu_gpu_node, kubectl, n
                        for v in mounts.values()), mounts
             # the first start downloaded every file of the model exactly once, into the cache
             assert hub.downloads() == dict.fromkeys(files, 1), hub.downloads()
-            assert any(p.is_file() for p in cache.rglob("*.safetensors"))
+            # in the namespace's own folder of the node folder (issue 36), which kubelet made
+            # for the pod's subPath; nothing beside it
+            assert any(p.is_file() for p in (cache / namespace).rglob("*.safetensors"))
+            assert [p.name for p in cache.iterdir()] == [namespace]
             loaded = [e for e in _events(cpu_gpu_node, namespace, first)
                       if e["event"] == "model_loaded"]
             assert loaded and loaded[-1]["origin"] == "download", loaded
