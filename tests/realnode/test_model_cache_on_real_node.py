@@ -134,3 +134,48 @@ def test_a_new_k_reads_the_weights_from_the_nodes_cache(cpu_gpu_node, kubectl, n
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
+
+
+def test_a_link_under_the_allowed_folder_that_leads_out_is_not_mounted(
+        cpu_gpu_node, kubectl, namespace, start_operator, tmp_path) -> None:
+    """issue 36: a symbolic link planted under an allowed folder (by any pod that could write
+    there) must not take a pool's cache elsewhere on the node. The resource names the link
+    as its path, which the lexical allow-list check accepts; the volume is the allowed folder
+    and the rest a subPath, which the real kubelet resolves inside the volume and refuses: the
+    container is never created and nothing is written where the link leads."""
+    image = with_model(build("runtime-cpu"), tiny_model(), BAKED_MODEL_PATH)
+    cpu_gpu_node.load_image(image)
+    allowed = Path(tempfile.mkdtemp(prefix="mtp-node-cache-", dir="/tmp"))
+    outside = Path(tempfile.mkdtemp(prefix="mtp-outside-", dir="/tmp"))
+    try:
+        allowed.chmod(0o777)
+        outside.chmod(0o777)
+        (allowed / "planted").symlink_to(outside)
+        settings = tmp_path / "settings.yaml"
+        settings.write_text(yaml.safe_dump({"modelCache": {"allowedHostPaths": [str(allowed)]}}))
+        start_operator("--namespace", namespace, "--no-evaluator", "--settings", str(settings))
+        _apply(kubectl, namespace, cpu_gpu_node, allowed / "planted", "http://127.0.0.1:9",
+               image, k=2)
+
+        def refused():
+            for pod in _pool_pods(kubectl, namespace):
+                for status in pod["status"].get("containerStatuses") or []:
+                    waiting = (status.get("state") or {}).get("waiting") or {}
+                    if waiting.get("reason") == "CreateContainerConfigError":
+                        return pod, waiting
+                    assert not (status.get("state") or {}).get("running"), status
+            return None
+
+        pod, waiting = wait_for(refused, 300, message="kubelet refusing the pool pod's subPath")
+        print(f"kubelet: {waiting.get('message')}")
+        assert "subpath" in (waiting.get("message") or "").lower(), waiting
+        mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"]
+                     if m["name"] == "model-cache")
+        assert mount["subPath"] == f"planted/{namespace}"
+        assert list(outside.iterdir()) == []  # nothing made where the link leads
+
+        kubectl("delete", "mtpi", NAME, "-n", namespace)
+        wait_for(lambda: not _pool_pods(kubectl, namespace), 150, message="the pool pod gone")
+    finally:
+        shutil.rmtree(allowed, ignore_errors=True)  # the link itself, not where it leads
+        shutil.rmtree(outside, ignore_errors=True)
