@@ -204,33 +204,25 @@ class KubeClient:
             raise
         return dict((obj.metadata.labels if obj.metadata else None) or {})
 
-    async def delete_deployment(self, namespace: str, name: str) -> None:
+    async def _delete(self, resource: Any, namespace: str, name: str) -> None:
+        """Delete one object; one already gone (404) is not an error."""
         try:
-            await self.client.delete(Deployment, name, namespace=namespace)
+            await self.client.delete(resource, name, namespace=namespace)
         except ApiError as err:
             if err.status.code != 404:
                 raise
+
+    async def delete_deployment(self, namespace: str, name: str) -> None:
+        await self._delete(Deployment, namespace, name)
 
     async def delete_leaderworkerset(self, namespace: str, name: str) -> None:
-        try:
-            await self.client.delete(LeaderWorkerSetResource, name, namespace=namespace)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
+        await self._delete(LeaderWorkerSetResource, namespace, name)
 
     async def delete_pdb(self, namespace: str, name: str) -> None:
-        try:
-            await self.client.delete(PodDisruptionBudget, name, namespace=namespace)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
+        await self._delete(PodDisruptionBudget, namespace, name)
 
     async def delete_pod(self, namespace: str, name: str) -> None:
-        try:
-            await self.client.delete(Pod, name, namespace=namespace)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
+        await self._delete(Pod, namespace, name)
 
     async def delete_owned(self, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
         """Read the object, then delete it only if its controller is `owner_uid` (a routing
