@@ -146,7 +146,7 @@ class RoundStamps:
     milliseconds later than the one a window before it lost that sample by chance and took
     the one an interval older: a window an interval too long, whose hit rate still held that
     much more of the time before a drop, so the decision came up to interval x (1 -
-    minHitRate/hit rate) late (bench/scale_evaluator.py: crossing -> decision p99 16.56 s at a
+    minHitRate/hit rate) late (bench/scale/scale_evaluator.py: crossing -> decision p99 16.56 s at a
     15 s interval). Stamps a whole number of intervals apart make that base exact. The
     cadence is re-anchored when a round overran (restart()) or the stamp drifted from the
     wall clock by more than MAX_STAMP_DRIFT (a clock step)."""
@@ -177,7 +177,8 @@ async def run_evaluator(
     on_round: RoundHook | None = None,
 ) -> None:
     """Rounds every `interval` seconds until cancelled; `on_round` is told each round's start
-    and end (loop time) and its signal count (bench/scale_evaluator.py times rounds with it)."""
+    and end (loop time) and its signal count (bench/scale/scale_evaluator.py times rounds
+    with it)."""
     evaluator = evaluator or Evaluator(actions)
     spread = interval * SPREAD_FRACTION
     loop = asyncio.get_running_loop()

@@ -3,7 +3,7 @@
 At scale the operator holds every watched object (kopf's indexes: thousands of resources,
 Deployments, Services, pods) and the evaluator's windows. Left to itself, Python's collector
 walks all of them in every full (generation 2) pass: at 4,000 pods that was a 0.77 s pause,
-four times in 75 s, 2.8 CPU-s (bench/scale_evaluator.py, gc.callbacks), each pause a delay
+four times in 75 s, 2.8 CPU-s (bench/scale/scale_evaluator.py, gc.callbacks), each pause a delay
 for every scrape and decision due in it. Almost none of it is garbage: the watched objects
 are plain dicts freed by reference counting when an event replaces them.
 
@@ -23,7 +23,7 @@ became garbage meanwhile are collected by the first refreeze, or by a refreeze e
 REFREEZE_SECONDS should the index never be whole (an API server away at start-up). Not
 after it: freezing on through the settle time, when a rollout may be under way, cost a
 250-resource rollout more CPU than the collector saved (operator 12.6-13.3 CPU-s against
-11.9, bench/run.py at 250 resources, one round each).
+11.9, bench/scale/run.py at 250 resources, one round each).
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ class _Slot:
 # twice (Progressing, Ready) and not once per pool event. A rollout of N resources that the
 # cluster brings to Ready at R resources a second lasts about N/R seconds, and each resource
 # then gets about PROGRESS_WRITES_PER_SECOND / R progress writes besides its two: at 5/s and
-# the ~2 resources a second of bench/run.py's sandbox that was 1.8 extra writes a resource
+# the ~2 resources a second of bench/scale/run.py's sandbox that was 1.8 extra writes a resource
 # (3.82 in all, 1.32x-1.50x the minimum); at 1/s it is about 0.5. Small rollouts (under
 # STATUS_COUNTS_INTERVAL x the rate resources) keep their 5 s progress updates.
 STATUS_COUNTS_INTERVAL = 5.0

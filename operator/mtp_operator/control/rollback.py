@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 NAMESPACE_NOT_OPTED_IN = "namespace_not_opted_in"
 
 # A pass waits for requests still arriving for its resource: until BATCH_QUIET_SECONDS bring
-# none, at most BATCH_GATHER_SECONDS (bench/reaction.py: a burst of 100 alerts at once).
+# none, at most BATCH_GATHER_SECONDS (bench/reaction/reaction.py: a burst of 100 alerts at once).
 BATCH_QUIET_SECONDS = 0.003
 BATCH_GATHER_SECONDS = 0.02
 # A request that names more than WIDE_REQUEST_RESOURCES resources (Alertmanager grouping a
