@@ -182,8 +182,9 @@ for r in rows:
 wait_fit() {   # status.fitSummary for the current generation (spec.fit checked)
     local i summary observed generation
     for i in $(seq 300); do
-        read -r summary observed generation < <(kubectl get mtpi "$NAME" -n "$NS" -o \
-            jsonpath='{.status.fitSummary} {.status.observedGeneration} {.metadata.generation}{"\n"}' \
+        # the summary last: it has spaces ("A100:2 H100:2 L40S:no"), read gives it the rest
+        read -r observed generation summary < <(kubectl get mtpi "$NAME" -n "$NS" -o \
+            jsonpath='{.status.observedGeneration} {.metadata.generation} {.status.fitSummary}{"\n"}' \
             2>/dev/null || echo "- - -")
         [[ -n $summary && $observed == "$generation" ]] && return 0
         sleep 0.3
