@@ -28,7 +28,7 @@ from mtp_operator.planning import (
     validate_spec,
 )
 from mtp_operator.tuning.settings import tuning_problems
-from mtp_operator.tuning.state import canary_k, planned_k
+from mtp_operator.tuning.state import canary_k, planned_k, tuning_of
 from mtp_runtime.problems import Problem
 
 CLASSES_FIELD = "speculative.classes"
@@ -46,7 +46,7 @@ def class_spec(spec: MTPInferenceSpec, cls: TrafficClass) -> MTPInferenceSpec:
     speculative = s.model_copy(
         update={
             "num_speculative_tokens": cls.num_speculative_tokens,
-            "tuning": cls.tuning if cls.tuning is not None else s.tuning,
+            "tuning": tuning_of(spec, cls.name),
             "classes": None,
         }
     )

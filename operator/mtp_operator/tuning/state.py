@@ -14,6 +14,7 @@ from mtp_operator.api.tuning import (
     MAX_TRIAL_HISTORY,
     MAX_TUNING_ROWS,
     PoolTuningStatus,
+    TuningSpec,
     TuningTrial,
 )
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus, PoolStatus
@@ -58,19 +59,20 @@ def superseded(entry: PoolTuningStatus, spec: MTPInferenceSpec, traffic_class: s
     ended = entry.trial.model_copy(update={"ended": format_time(now), "outcome": "superseded",
                                            "reason": why})
     return PoolTuningStatus(
-        mode=mode_of(spec, traffic_class), reason=why,
+        mode=tuning_of(spec, traffic_class).mode, reason=why,
         trials=[*entry.trials, ended][-MAX_TRIAL_HISTORY:], generation=generation,
         updated=format_time(now),
     )
 
 
-def mode_of(spec: MTPInferenceSpec, traffic_class: str | None) -> Any:
-    """The tuning mode of the pool of `traffic_class` (None: the resource's)."""
+def tuning_of(spec: MTPInferenceSpec, traffic_class: str | None) -> TuningSpec:
+    """The tuning settings the pool of `traffic_class` runs: the class's own, else the
+    resource's (None: the resource's)."""
     s = spec.speculative
     for c in s.classes or ():
         if c.name == traffic_class and c.tuning is not None:
-            return c.tuning.mode
-    return s.tuning.mode
+            return c.tuning
+    return s.tuning
 
 
 def with_tuning(
@@ -108,7 +110,7 @@ def tuning_modes(spec: MTPInferenceSpec) -> set[str]:
     s = spec.speculative
     if not s.classes:
         return {s.tuning.mode}
-    return {(c.tuning or s.tuning).mode for c in s.classes}
+    return {tuning_of(spec, c.name).mode for c in s.classes}
 
 
 def trial_from(raw: TuningTrial | None) -> Trial | None:
