@@ -4,7 +4,7 @@
 #   docker build --target operator -t ghcr.io/mtp-operator/mtp-operator:0.1.0 .
 #   docker build --target runtime-cpu -t ghcr.io/mtp-operator/mtp-runtime:0.1.0-cpu .
 # VERSION must equal pyproject.toml's version and VLLM_VERSION mtp_runtime.VLLM_VERSION;
-# tests/unit/test_dockerfile.py checks both, and the chart's default image tags.
+# tests/unit/deploy/test_dockerfile.py checks both, and the chart's default image tags.
 # The bases are arguments: a release uses the public images named here; where none can be
 # pulled, `make images` (tests/images/build.sh) passes a Debian base made with debootstrap
 # (PYTHON_IMAGE and CPU_BASE: any Debian 12 image with python3 3.11 and python3-venv).

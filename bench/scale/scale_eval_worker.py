@@ -11,7 +11,7 @@ evaluator  The operator's built-in evaluator (control/evaluator.py: run_evaluato
            the real Reconciler and RollbackActions; control/heap.py's freezing beside it)
            over an in-memory cluster view
            (tests/support/fake_cluster.py, checked against the real watches by
-           tests/unit/test_ports.py) holding --resources MTPInferences x 4 GPU products with
+           tests/unit/control/test_ports.py) holding --resources MTPInferences x 4 GPU products with
            one Ready pod per pool, whose IP is a loopback metric source.
 
 Each round's start and end (and this process's CPU seconds at its end) are recorded; the

@@ -34,7 +34,7 @@ from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS, k_from_argv
 
 MAX_REMOVED_POOLS = 10
 # The status's size is bounded by design (issue 36; etcd refuses an object over 1.5 MiB, and
-# the status shares that with metadata and spec). tests/unit/test_status_size.py builds the
+# the status shares that with metadata and spec). tests/unit/logic/test_status_size.py builds the
 # worst case these bounds admit and checks it against the limit; docs/operations.md gives the
 # figures.
 MAX_STATUS_POOLS = 64  # pools a resource may have (GPU products x traffic classes)

@@ -78,7 +78,7 @@ def is_hybrid(model: str | None, method: str | None) -> bool:
 # Measured at real size (bench/results/gpu/realsize.md, `bench/gpu/realsize_summary.py`
 # `choose`): the default K for a pool whose concurrency is not known — the K whose worst
 # batch band (1-2, 3-8, 9-32, 33+ requests) keeps the largest share of that band's best K at
-# per-position acceptance 0.8, capacity included. tests/unit/test_measured_profiles.py
+# per-position acceptance 0.8, capacity included. tests/unit/bench/test_measured_profiles.py
 # recomputes each row from the committed results.
 MEASURED_HYBRID_PROFILES: tuple[GPUProfile, ...] = (
     GPUProfile("H100", 2, "measured: H100 80GB HBM3, 27B-class hybrid (Qwen3.5 shape), vLLM "

@@ -12,7 +12,7 @@
 # `make engine` copied in), so the Dockerfile's engine step reuses it instead of a second
 # PyPI install; MTP_IMAGES_ENGINE=pypi builds it the release way. The GPU target `runtime`
 # (FROM vllm/vllm-openai) is not built: its base cannot be pulled here
-# (tests/unit/test_dockerfile.py checks it statically).
+# (tests/unit/deploy/test_dockerfile.py checks it statically).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"

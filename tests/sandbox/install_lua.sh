@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the stand-alone Lua 5.4 interpreter from Debian when `lua5.4` is missing, so the
-# Argo CD health-check tests (tests/unit/test_argocd_health.py) also run under real Lua 5.4,
+# Argo CD health-check tests (tests/unit/deploy/test_argocd_health.py) also run under real Lua 5.4,
 # not only under the embedded one (lupa). Idempotent: returns at once when it is present.
 set -euo pipefail
 

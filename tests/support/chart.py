@@ -1,5 +1,6 @@
-"""Helpers for the Helm chart tests (tests/unit/test_chart_render.py, tests/cluster/test_chart.py):
-where helm is, `helm template` into Python objects, and the RBAC the operator is allowed."""
+"""Helpers for the Helm chart tests (tests/unit/deploy/test_chart_render.py,
+tests/cluster/test_chart.py): where helm is, `helm template` into Python objects, and the
+RBAC the operator is allowed."""
 
 from __future__ import annotations
 

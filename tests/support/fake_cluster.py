@@ -6,7 +6,7 @@ every write a new resourceVersion, merge-patches status (RFC 7386: objects merge
 replaced, null deletes) and bumps a Deployment's generation when its spec changes. Nothing
 reaches the view until `deliver()` — the watch events, in the order a test chooses — so a
 test can check what a pass does before and after the watch catches up.
-tests/unit/test_ports.py checks these classes against the real ones (same methods), and the
+tests/unit/control/test_ports.py checks these classes against the real ones (same methods), and the
 cluster tests run the same loops against a real kube-apiserver.
 """
 

@@ -1,5 +1,5 @@
 """extraArgs entries the API server (CEL) and the operator must refuse, and neighbours they must
-let through: shared by tests/unit/test_crd.py and tests/cluster/test_spec_refusals.py."""
+let through: shared by tests/unit/api/test_crd.py and tests/cluster/test_spec_refusals.py."""
 
 # every spelling vLLM's parser takes for a reserved flag, and neighbours it must let through
 EXTRA_ARGS_REFUSED = [

@@ -1,7 +1,7 @@
 -- Argo CD health check for mtp-operator.io/MTPInference.
 -- Install: argocd-cm key `resource.customizations.health.mtp-operator.io_MTPInference`
 -- (see README.md, "Argo CD and Flux"). Written for Argo CD's Lua (gopher-lua, Lua 5.1);
--- tests/unit/test_argocd_health.py runs it under real Lua 5.1 and 5.4 interpreters.
+-- tests/unit/deploy/test_argocd_health.py runs it under real Lua 5.1 and 5.4 interpreters.
 --
 -- Rules, in order:
 --   status.observedGeneration < metadata.generation -> Progressing (operator has not seen the spec)

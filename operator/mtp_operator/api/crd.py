@@ -1,6 +1,6 @@
 """Generates the MTPInference CustomResourceDefinition from the pydantic models.
 
-`crds/` holds this function's output; tests/unit/test_crd.py fails when they drift apart.
+`crds/` holds this function's output; tests/unit/api/test_crd.py fails when they drift apart.
 Regenerate with `mtp-operator crd > crds/mtp-operator.io_mtpinferences.yaml` (`make crds`).
 """
 
@@ -57,7 +57,7 @@ _SPEC_RULES: dict[str, list[dict[str, str]]] = {
     "extraArgs": [
         {
             # generated from the runtime's own list and matcher, so the API server refuses
-            # exactly what the operator refuses (tests/unit/test_crd.py checks they agree)
+            # exactly what the operator refuses (tests/unit/api/test_crd.py checks they agree)
             "rule": f"self.all(a, !a.matches('{_cel_string(reserved_pattern())}'))",
             "message": "must not set flags the operator derives from the spec, that would "
             "break the pool or that read flags from a file, in any spelling (underscores, "

@@ -10,7 +10,7 @@ adopted only from its own windows (`Estimate.adoptable`), so a wrong prior costs
 never a wrong K.
 
 PRIORS holds, per family, (concurrency, base ms, per-token ms) lines of the 27B-class hybrid
-model fitted over K >= 1 at the reference acceptance; tests/unit/test_measured_profiles.py
+model fitted over K >= 1 at the reference acceptance; tests/unit/bench/test_measured_profiles.py
 holds them to the committed bench/results/gpu/realsize.json.
 """
 
