@@ -46,7 +46,7 @@ from mtp_runtime.drain import DRAIN_SECONDS_ENV, STOP_MARGIN_S
 from mtp_runtime.gpu_profiles import entries_for
 from mtp_runtime.model_cache import CACHE_ROOT_ENV
 from mtp_runtime.pool_config import ENV_VAR, PoolConfig
-from mtp_runtime.vllm_command import DEFAULT_PORT, build_argv, build_env
+from mtp_runtime.vllm_command import DEFAULT_PORT, EXPORTER_PORT, build_argv, build_env
 
 # The engine's start-up allowance (startupProbe): loading a large model takes many minutes.
 # Tuning waits as long for a trial's pods (tuning.settings).
@@ -54,7 +54,7 @@ STARTUP_PROBE_PERIOD_S = 10
 STARTUP_PROBE_FAILURES = 180
 STARTUP_BUDGET_S = STARTUP_PROBE_PERIOD_S * STARTUP_PROBE_FAILURES
 
-METRICS_PORT = 9400
+METRICS_PORT = EXPORTER_PORT  # the exporter's port: its home is mtp_runtime.vllm_command
 # Readiness is the runtime's /ready (vLLM's /health while not draining): it turns false when a
 # leaving pod's drain begins, while vLLM still serves the requests it holds (issue 37).
 READINESS_PATH = "/ready"

@@ -21,6 +21,7 @@ from typing import Any
 
 from mtp_operator.naming import GPU_RESOURCE
 from mtp_operator.planning import GPUNode
+from mtp_runtime.vllm_command import DEFAULT_PORT, EXPORTER_PORT
 
 REASON_POOL_ROLLOUT = "PoolRollout"  # the Event saying how a pool's pods are replaced
 SURGE = {"maxSurge": 1, "maxUnavailable": 0}
@@ -97,8 +98,8 @@ def surge_decision(room: ProductRoom, gpus_per_pod: int, replicas: int,
     lost = ("the pool is down until the new pod is Ready" if replicas == 1 else
             f"{replicas - 1} of {replicas} replicas serve until the new pod is Ready")
     if host_network:
-        return SurgeDecision(False, f"hostNetwork: no surge (ports 8000 and 9400 are the "
-                             f"node's), one old pod stops first, {lost}")
+        return SurgeDecision(False, f"hostNetwork: no surge (ports {DEFAULT_PORT} and "
+                             f"{EXPORTER_PORT} are the node's), one old pod stops first, {lost}")
     if room.largest_node_gpus < need or room.spare_gpus < need:
         return SurgeDecision(False, f"no spare slot on {room.product} ({room.spare_gpus} of "
                              f"{room.allocatable_gpus} GPUs not requested by pools, {need} "

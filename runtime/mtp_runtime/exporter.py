@@ -20,8 +20,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mtp_runtime import __version__, figures, spec_decode
 from mtp_runtime.gpu_detect import GPUInfo
+from mtp_runtime.vllm_command import EXPORTER_PORT
 
-DEFAULT_PORT = 9400
+DEFAULT_PORT = EXPORTER_PORT  # the pool pod's `metrics` port (vllm_command)
 DEFAULT_WINDOW_S = 300.0
 DEFAULT_INTERVAL_S = 15.0
 

@@ -55,7 +55,11 @@ MODEL_SOURCES = ("huggingface", "modelscope")
 # The largest K the operator plans: the shipped Prometheus rules compute error propagation for
 # K <= 16, and deeper drafts than that have no MTP model to pay off on.
 MAX_SPECULATIVE_TOKENS = 16
+# The pool pod's ports, the one home of both numbers: vLLM's OpenAI API and /metrics (`http`),
+# and the MTP exporter's /metrics (`metrics`, mtp_runtime.exporter). The operator's Services,
+# probes and scrapes and the runtime's CLI defaults all read them from here.
 DEFAULT_PORT = 8000
+EXPORTER_PORT = 9400
 
 # Flags the operator sets itself; in extraArgs they would contradict the pool's settings.
 SPEC_FLAGS: frozenset[str] = frozenset(
