@@ -36,6 +36,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@$(PY) tests/support/dev_path.py
 	@touch $@
 
 # The real CPU engine and the tiny MTP model live outside the clone (~/.cache/mtp-operator).

@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,8 +38,8 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS / "sandbox"))
-sys.path.insert(0, str(TESTS))  # tests/support is importable as `support`
+# tests/support (`support`), tests/sandbox (`sandbox`, `sandbox_lib`) and tests/engine are on
+# the path through pyproject.toml's pythonpath (and the venv's .pth: tests/support/dev_path.py)
 
 _DIR_MARKERS = {"unit": "unit", "cluster": "cluster", "e2e": "e2e", "contract": "contract",
                 "engine": "engine", "images": "images", "realnode": "realnode"}

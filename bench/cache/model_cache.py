@@ -24,16 +24,14 @@ import datetime
 import json
 import os
 import platform
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
+from support.cache_proof import HUB_ID, model_files, pool_start
+from support.engine import engine_paths
+from support.hub_standin import HubStandIn
 
-from support.cache_proof import HUB_ID, model_files, pool_start  # noqa: E402
-from support.engine import engine_paths  # noqa: E402
-from support.hub_standin import HubStandIn  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(vllm: Path, model: Path) -> dict:

@@ -41,15 +41,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import traffic  # tests/engine/traffic.py
+
+from mtp_operator.tuning.counters import window_counters
+from mtp_operator.tuning.estimator import measure
+from support.engine import engine_paths
+from support.scripts import load as load_script
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine"), str(REPO / "bench" / "tuning")]
-
-import traffic  # noqa: E402  (tests/engine/traffic.py)
-from tuning import Bench, Load, scrape  # noqa: E402  (bench/tuning/tuning.py)
-
-from mtp_operator.tuning.counters import window_counters  # noqa: E402
-from mtp_operator.tuning.estimator import measure  # noqa: E402
-from support.engine import engine_paths  # noqa: E402
+load_script("bench/tuning/tuning_pooled.py")  # bench/tuning/tuning.py imports it by name
+tuning = load_script("bench/tuning/tuning.py")
+Bench, Load, scrape = tuning.Bench, tuning.Load, tuning.scrape
 
 RESULTS = REPO / "bench" / "results"
 CLASS_TRAFFIC = {"short": "predictable", "long": "unpredictable"}

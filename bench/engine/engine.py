@@ -25,14 +25,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import traffic
+
+from mtp_runtime import spec_decode
+from support.engine import RealEngine, engine_paths
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tests" / "engine"))
-
-import traffic  # noqa: E402
-
-from mtp_runtime import spec_decode  # noqa: E402
-from support.engine import RealEngine, engine_paths  # noqa: E402
 
 
 def counters(text: str) -> dict[str, object]:

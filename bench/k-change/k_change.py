@@ -48,18 +48,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine"), str(REPO / "runtime")]
+import traffic  # tests/engine/traffic.py
 
-import traffic  # noqa: E402  (tests/engine/traffic.py)
-
-from support.engine import (  # noqa: E402
+from support.engine import (
     SERVED_NAME,
     START_TIMEOUT,
     RealEngine,
     engine_paths,
     http_get,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 TEMPLATES = ("before", "after")
 ROLLOUTS = ("no-surge", "surge")

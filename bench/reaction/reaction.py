@@ -37,7 +37,6 @@ import contextlib
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 import uuid
@@ -46,16 +45,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+from lightkube import AsyncClient, KubeConfig
+from machine_info import machine  # bench/common/
+from profiling import PhaseProfile
+
+from support.operator_proc import OperatorProcess, free_port
+from support.pool_fakes import PoolFakes
+from support.scripts import load
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
-# this folder too: bench/scale/scale_bench.py loads this file by its path
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox"), str(BENCH / "reaction"),
-                str(BENCH / "common"), str(BENCH / "scale")]
 
-import aiohttp  # noqa: E402
-from lightkube import AsyncClient, KubeConfig  # noqa: E402
-from machine_info import machine  # noqa: E402  (bench/common/)
-from profiling import PhaseProfile  # noqa: E402
+# this folder's modules by their paths: bench/scale/scale_bench.py loads this file by its path
+load("bench/reaction/reaction_common.py")
+load("bench/reaction/reaction_results.py")
 from reaction_common import (  # noqa: E402
     BROKEN,
     HEALTHY,
@@ -68,9 +72,6 @@ from reaction_common import (  # noqa: E402
     watch_pools,
 )
 from reaction_results import markdown  # noqa: E402
-
-from support.operator_proc import OperatorProcess, free_port  # noqa: E402
-from support.pool_fakes import PoolFakes  # noqa: E402
 
 # ---- webhook phase --------------------------------------------------------------------------
 
@@ -394,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sandbox import Sandbox
 
     if args.nodes_per_product:  # a sandbox of its own, with enough simulated GPUs
-        from scale_cluster import nodes_file
+        load("bench/scale/scale_common.py")  # scale_cluster imports it by name
+        nodes_file = load("bench/scale/scale_cluster.py").nodes_file
 
         state = Path(tempfile.gettempdir()) / "mtp-reaction-sandbox"
         state.mkdir(exist_ok=True)

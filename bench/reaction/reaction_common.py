@@ -6,21 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox")]
+import yaml
+from lightkube import AsyncClient
+from lightkube.resources.apps_v1 import Deployment
 
-import yaml  # noqa: E402
-from lightkube import AsyncClient  # noqa: E402
-from lightkube.resources.apps_v1 import Deployment  # noqa: E402
-
-from support.pool_fakes import LABEL_RESOURCE, deployment_k  # noqa: E402
+from support.pool_fakes import LABEL_RESOURCE, deployment_k
 
 PRODUCTS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L40S")
 TOKEN = "bench-reaction-token"

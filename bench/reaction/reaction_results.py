@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox")]
-
-from reaction_common import BROKEN, HEALTHY  # noqa: E402
+from reaction_common import BROKEN, HEALTHY
 
 # ---- output ---------------------------------------------------------------------------------
 

@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-from scale_common import REPO
 
 from mtp_operator.adapters.scrape import METRICS_PATH
 from mtp_runtime.spec_decode import SPEC_DECODE_COUNTERS, spec_snapshot
@@ -36,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--requests", type=int, default=8)
     args = p.parse_args(argv)
-    sys.path.insert(0, str(REPO / "tests" / "engine"))
     import traffic
 
     from support.engine import RealEngine, engine_paths, http_get

@@ -56,9 +56,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import scale_common  # noqa: F401  (first: it puts bench/common/ and tests/ on sys.path)
-
-# isort: split
 from profiling import require_py_spy
 from scale_bench import Bench
 from scale_common import REPO

@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import scale_common  # noqa: F401  (first: it puts bench/common/ and tests/ on sys.path)
 import yaml
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.apps_v1 import Deployment

@@ -1,17 +1,13 @@
 """Shared by the scale benchmark's modules (bench/scale/run.py and bench/scale/scale_*.py):
-paths, names and the log line. Importing it puts tests/, tests/sandbox/ and bench/common/ on
-sys.path."""
+paths, names and the log line."""
 
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sandbox"),
-                str(REPO / "bench" / "common")]  # machine_info, profiling
 
 CRD = REPO / "crds" / "mtp-operator.io_mtpinferences.yaml"
 FLOOR_NS, OP_NS = "bench-floor", "bench-op"

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from scale_common import REPO  # noqa: F401  (puts tests/ on sys.path)
 
 from mtp_operator.adapters import scrape
 from mtp_operator.adapters.keepalive_http import HTTPError

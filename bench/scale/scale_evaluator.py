@@ -41,9 +41,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import scale_common  # noqa: F401  (first: it puts bench/common/ and tests/ on sys.path)
-
-# isort: split
 from profiling import SPY_RATE, spy_command, summarise
 from scale_common import REPO, log
 from scale_eval_results import write_results

@@ -11,9 +11,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import scale_common  # noqa: F401  (first: it puts bench/common/ and tests/ on sys.path)
-
-# isort: split
 from profiling import stat_cpu
 from scale_common import AUDIT_WRITE_VERBS, LABEL, SAMPLE, WRITE_VERBS
 

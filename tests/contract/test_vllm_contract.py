@@ -47,6 +47,7 @@ from mtp_runtime.vllm_command import (
     reserved_flags_in,
     reserved_pattern,
 )
+from support.scripts import load
 
 pytestmark = pytest.mark.contract
 
@@ -133,8 +134,7 @@ def generated_cases() -> list[dict[str, object]]:
         add(f"schedule/{tiny}/{method}/K{k}", s)
     # the real-size sweep's pools (bench/gpu/realsize.py), which ran on vLLM 0.26.0 on the GPU:
     # the same argv must hold on 0.33 (the flags it passes in extraArgs exist in both)
-    sys.path.insert(0, str(REPO / "bench" / "gpu"))
-    import realsize_models  # type: ignore[import-not-found]
+    realsize_models = load("bench/gpu/realsize_models.py")
 
     for kind in sorted(realsize_models.KINDS):
         for k in range(7):

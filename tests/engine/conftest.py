@@ -5,17 +5,12 @@ engines are shared: one K=2 engine for the whole module that needs it.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS))
-sys.path.insert(0, str(TESTS / "engine"))
-
-from support.engine import START_TIMEOUT, RealEngine  # noqa: E402
+from support.engine import START_TIMEOUT, RealEngine
 
 
 @pytest.fixture(scope="module")

@@ -16,15 +16,14 @@ figures in bench/results/k-change.md show it).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench" / "k-change"))
+from support.scripts import load
 
-import k_change  # noqa: E402  (bench/k-change/k_change.py)
+REPO = Path(__file__).resolve().parents[2]
+k_change = load("bench/k-change/k_change.py")
 
 pytestmark = pytest.mark.timeout(1800)
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# run as a script: this folder is sys.path[0] (traffic.py, tiny_mimo.py beside it)
 import traffic  # noqa: E402  (stdlib only; the token-id ranges and corpus rules)
 from tiny_mimo import draft_agreement, make_model  # noqa: E402
 

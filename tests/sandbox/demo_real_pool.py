@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS))
 
 from mtp_runtime.figures import figures_from_increase  # noqa: E402
 from support.pool_fakes import PoolWatch  # noqa: E402

@@ -34,12 +34,12 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+import traffic  # tests/engine/traffic.py
+
 from mtp_runtime.engine import CPU_ENGINE_ARGS
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_DIR = REPO / "tests" / "engine"
-sys.path.insert(0, str(ENGINE_DIR))
-import traffic  # noqa: E402
 
 SERVED_NAME = "tiny-mimo-mtp"
 GPU_PRODUCT = "NVIDIA-H200"  # the product the pool config claims (the engine runs on CPU)

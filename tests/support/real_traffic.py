@@ -13,13 +13,10 @@ one. `switch(cls)` changes the class of every later request and returns the time
 from __future__ import annotations
 
 import itertools
-import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 import traffic  # tests/engine/traffic.py (stdlib only)
 
 from support.real_pool import RealPool

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-# tests/support (the fake vLLM) is importable as `support.fake_vllm`
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
 
 FIXTURES = TESTS / "fixtures"
 # Real vLLM 0.33.0 output, carried by the project (a copy of shared/'s reference data;

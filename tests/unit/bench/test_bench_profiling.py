@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "bench" / "common"))
+import profiling  # bench/common/profiling.py
 
-import profiling  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]
 
 SITE = "/venv/lib/python3.11/site-packages"
 STACKS = "\n".join([

@@ -3,15 +3,14 @@ class and K."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "bench" / "tuning"))
+from support.scripts import load
 
-import tuning_pooled  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]
+tuning_pooled = load("bench/tuning/tuning_pooled.py")
 
 SETTINGS = {"concurrency": 4, "max_tokens": 64, "window_s": 20.0, "replicas": 2,
             "worker_core_per_replica": True}

@@ -6,16 +6,16 @@ import io
 import json
 import struct
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from support.scripts import load
+
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "bench" / "gpu"))
-import fatbin  # noqa: E402
-import install_bundle  # noqa: E402
+fatbin = load("bench/gpu/fatbin.py")
+install_bundle = load("bench/gpu/install_bundle.py")
 
 pytestmark = pytest.mark.unit
 

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mtp_operator import cli, naming
 from mtp_operator.settings import OperatorSettings

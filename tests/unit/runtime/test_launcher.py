@@ -25,11 +25,8 @@ from mtp_runtime.vllm_command import ServeSettings
 
 pytestmark = pytest.mark.unit
 
-TESTS = Path(__file__).resolve().parents[2]
-
 FAKE_VLLM = r'''#!{python}
 import json, os, signal, sys, time
-sys.path.insert(0, {tests!r})
 out = os.environ["FAKE_VLLM_OUT"]
 mode = os.environ.get("FAKE_VLLM_MODE", "wait")
 with open(out + ".argv", "w") as f:
@@ -71,7 +68,7 @@ def setup(tmp_path: Path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "vllm"
-    script.write_text(FAKE_VLLM.format(python=sys.executable, tests=str(TESTS)))
+    script.write_text(FAKE_VLLM.format(python=sys.executable))
     script.chmod(0o755)
     port = free_port()
     config = PoolConfig(
