@@ -8,17 +8,52 @@ the operator (see validation.py) and reported with the same kind of message.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+# The spec's and status's parts live beside this module (rollback.py, cache.py,
+# resource_status.py, tuning.py, classes.py); the names below are re-exported, so
+# `mtp_operator.api.v1alpha1` still names every model and constant of the resource.
+from mtp_operator.api.base import INT32_MAX as INT32_MAX
 from mtp_operator.api.base import Model as _Model
+from mtp_operator.api.cache import HOST_PATH_CEL as HOST_PATH_CEL
+from mtp_operator.api.cache import MODEL_CACHE_CEL as MODEL_CACHE_CEL
+from mtp_operator.api.cache import MODEL_CACHE_MOUNT_PATH as MODEL_CACHE_MOUNT_PATH
+from mtp_operator.api.cache import MODEL_CACHE_ONE_OF as MODEL_CACHE_ONE_OF
+from mtp_operator.api.cache import MODEL_CACHE_READ_ONLY as MODEL_CACHE_READ_ONLY
+from mtp_operator.api.cache import ClaimCache as ClaimCache
+from mtp_operator.api.cache import HostPathCache as HostPathCache
+from mtp_operator.api.cache import ModelCacheSpec as ModelCacheSpec
+from mtp_operator.api.cache import NoCache as NoCache
 from mtp_operator.api.classes import MAX_CLASSES, TrafficClass
-from mtp_operator.api.tuning import TUNING_CEL, BatchSizeRange, PoolTuningStatus, TuningSpec
+from mtp_operator.api.resource_status import Condition as Condition
+from mtp_operator.api.resource_status import ConditionType as ConditionType
+from mtp_operator.api.resource_status import FitVerdict as FitVerdict
+from mtp_operator.api.resource_status import MTPInferenceStatus as MTPInferenceStatus
+from mtp_operator.api.resource_status import PoolStatus as PoolStatus
+from mtp_operator.api.resource_status import ProductFit as ProductFit
+from mtp_operator.api.resource_status import RollbackRecord as RollbackRecord
+from mtp_operator.api.rollback import ALERT_ERROR_PROPAGATION_HIGH as ALERT_ERROR_PROPAGATION_HIGH
+from mtp_operator.api.rollback import ALERT_HIT_RATE_LOW as ALERT_HIT_RATE_LOW
+from mtp_operator.api.rollback import (
+    DEFAULT_MAX_ERROR_PROPAGATION_RATE as DEFAULT_MAX_ERROR_PROPAGATION_RATE,
+)
+from mtp_operator.api.rollback import DEFAULT_MIN_HIT_RATE as DEFAULT_MIN_HIT_RATE
+from mtp_operator.api.rollback import LABEL_NAME_PATTERN as LABEL_NAME_PATTERN
+from mtp_operator.api.rollback import (
+    MAX_ALERT_MATCHER_VALUE_LENGTH as MAX_ALERT_MATCHER_VALUE_LENGTH,
+)
+from mtp_operator.api.rollback import MAX_ALERT_MATCHERS as MAX_ALERT_MATCHERS
+from mtp_operator.api.rollback import MAX_DURATION_SECONDS as MAX_DURATION_SECONDS
+from mtp_operator.api.rollback import MAX_ROLLBACK_HISTORY as MAX_ROLLBACK_HISTORY
+from mtp_operator.api.rollback import ROLLBACK_ALERT_NAMES as ROLLBACK_ALERT_NAMES
+from mtp_operator.api.rollback import RollbackAlertName as RollbackAlertName
+from mtp_operator.api.rollback import RollbackSpec as RollbackSpec
+from mtp_operator.api.tuning import TUNING_CEL, BatchSizeRange, TuningSpec
 from mtp_runtime.drain import DRAIN_SECONDS_ENV
-from mtp_runtime.gpu_profiles import PoolSource
+from mtp_runtime.gpu_profiles import PoolSource as PoolSource
 from mtp_runtime.model_cache import CACHE_ROOT_ENV
 from mtp_runtime.pool_config import ENV_VAR
 from mtp_runtime.vllm_command import MAX_SPECULATIVE_TOKENS, MODEL_ID_PATTERN
@@ -30,16 +65,6 @@ PLURAL = "mtpinferences"
 SINGULAR = "mtpinference"
 SHORT_NAMES = ["mtpi"]
 
-# Defaults the rollback block starts from. MTPHitRateLow: the field report's "alert below 0.88
-# for 5 m". MTPErrorPropagationHigh: 0.40 of draft tokens wasted behind an earlier rejection
-# (mtp-metrics.md's curve: a healthy K=6 pool at per-position acceptance 0.8 wastes 0.39; K=4
-# only passes 0.40 below acceptance 0.69, K=2 below 0.2), so it fires only when a deep draft
-# chain is mostly thrown away, where stepping K down helps.
-DEFAULT_MIN_HIT_RATE = 0.88
-DEFAULT_MAX_ERROR_PROPAGATION_RATE = 0.40
-MAX_ROLLBACK_HISTORY = 20
-INT32_MAX = 2**31 - 1  # Kubernetes' int32 fields (a Deployment's replicas)
-MAX_DURATION_SECONDS = 30 * 24 * 3600  # rollback timings: 30 days at most
 MAX_MTP_LAYERS = 64
 # The pod parts a spec passes through (env, tolerations): what Kubernetes accepts, and the
 # environment variables the operator sets itself in every pool container.
@@ -55,19 +80,6 @@ QUANTITY_PATTERN = (
 MAX_ENV = 256
 MAX_TOLERATIONS = 64
 MAX_EXTRA_ARG_LENGTH = 1024  # keeps the extraArgs CEL rule within the API server's cost budget
-# The alerts that may roll a pool back: the shipped rules' (rollback/signals.py takes the names
-# from here). An alert of any other name is never a rollback signal, so spec.rollback.alertNames
-# takes these two only.
-ALERT_HIT_RATE_LOW = "MTPHitRateLow"
-ALERT_ERROR_PROPAGATION_HIGH = "MTPErrorPropagationHigh"
-RollbackAlertName = Literal["MTPHitRateLow", "MTPErrorPropagationHigh"]
-ROLLBACK_ALERT_NAMES = (ALERT_HIT_RATE_LOW, ALERT_ERROR_PROPAGATION_HIGH)
-# spec.rollback.alertMatchers: equality matchers on a webhook alert's labels, Prometheus label
-# names (https://prometheus.io/docs/concepts/data_model/); bounded so the CEL rule on the keys
-# stays within the API server's cost budget.
-MAX_ALERT_MATCHERS = 16
-MAX_ALERT_MATCHER_VALUE_LENGTH = 1024
-LABEL_NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
 
 class SpeculativeSpec(_Model):
@@ -124,86 +136,6 @@ class SpeculativeSpec(_Model):
     )
 
 
-class RollbackSpec(_Model):
-    """When and how the operator backs a pool's speculative settings off by itself."""
-
-    enabled: bool = Field(True, description="Roll back automatically when an alert fires.")
-    min_hit_rate: float = Field(
-        DEFAULT_MIN_HIT_RATE, ge=0, le=1, description="MTPHitRateLow fires below this hit rate."
-    )
-    max_error_propagation_rate: float = Field(
-        DEFAULT_MAX_ERROR_PROPAGATION_RATE,
-        ge=0,
-        le=1,
-        description="MTPErrorPropagationHigh fires above this error-propagation rate.",
-    )
-    cooldown_seconds: int = Field(
-        600,
-        ge=0,
-        le=MAX_DURATION_SECONDS,
-        description="After a rollback, further alerts for the pool are ignored this long. Keep "
-        "it at least the alert's window plus its `for` (5m + 5m for the shipped rules): until "
-        "then the alert still sees data from before the rollback.",
-    )
-    stabilization_seconds: int = Field(
-        600,
-        ge=0,
-        le=MAX_DURATION_SECONDS,
-        description="Settings that run this long without an alert become the pool's known-good.",
-    )
-    window_seconds: int = Field(
-        300,
-        ge=1,
-        le=MAX_DURATION_SECONDS,
-        description="Built-in evaluator: the window the figures are computed over.",
-    )
-    for_seconds: int = Field(
-        300,
-        ge=0,
-        le=MAX_DURATION_SECONDS,
-        description="Built-in evaluator: how long a threshold must stay crossed before acting.",
-    )
-    min_drafts: int = Field(
-        50,
-        ge=1,
-        le=INT32_MAX,
-        description="Built-in evaluator: fewer drafts than this in the window counts as no data.",
-    )
-    alert_names: list[RollbackAlertName] = Field(
-        list(ROLLBACK_ALERT_NAMES),  # pydantic copies a mutable default per instance
-        min_length=1,
-        max_length=len(ROLLBACK_ALERT_NAMES),
-        description="The alerts that may roll this resource's pools back, from the webhook and "
-        "the built-in evaluator alike (default both; `enabled: false` turns rollback off).",
-    )
-    alert_matchers: (
-        dict[str, Annotated[str, Field(max_length=MAX_ALERT_MATCHER_VALUE_LENGTH)]] | None
-    ) = Field(
-        None,
-        max_length=MAX_ALERT_MATCHERS,
-        description="Webhook alerts act only when they carry every one of these labels with "
-        "exactly this value (`label: \"\"` matches an alert without the label), e.g. "
-        "`{cluster: prod}`; Prometheus label names. The built-in evaluator's are not matched.",
-    )
-
-    @field_validator("alert_names")
-    @classmethod
-    def _unique_names(cls, names: list[str]) -> list[str]:
-        if len(set(names)) != len(names):
-            raise ValueError("must not name an alert twice")
-        return names
-
-    @field_validator("alert_matchers")
-    @classmethod
-    def _label_names(cls, matchers: dict[str, str] | None) -> dict[str, str] | None:
-        for label in matchers or {}:
-            if not re.fullmatch(LABEL_NAME_PATTERN, label):
-                raise ValueError(
-                    f"{label!r} is not a Prometheus label name ({LABEL_NAME_PATTERN})"
-                )
-        return matchers
-
-
 # spec.rollout.drainSeconds: how long a leaving pool pod may finish its requests (issue 37).
 # 0 skips the wait (the endpoint still leaves first); one hour bounds a pod's termination.
 DEFAULT_DRAIN_SECONDS = 120
@@ -221,110 +153,6 @@ class RolloutSpec(_Model):
         "seconds to finish the requests it holds before vLLM stops (0 to 3600; size it for "
         "the longest generation). The pod's terminationGracePeriodSeconds is this plus 30.",
     )
-
-
-# Where a pool's model cache is mounted in its pods, whatever the volume; the runtime points
-# the model hub client there (mtp_runtime.model_cache).
-MODEL_CACHE_MOUNT_PATH = "/model-cache"
-_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-
-
-class ClaimCache(_Model):
-    """An existing PersistentVolumeClaim in the resource's namespace, managed by the user."""
-
-    claim_name: str = Field(
-        ...,
-        min_length=1,
-        max_length=253,
-        pattern=_DNS_SUBDOMAIN,
-        description="Name of the claim (same namespace). ReadWriteMany lets every pool and "
-        "replica share it; ReadWriteOnce only pods on one node.",
-    )
-
-
-class HostPathCache(_Model):
-    """A folder on each node: fast and shared by every pod on the node, but it gives the pods
-    write access to the node's file system (the operator allows only the folders listed in
-    its settings, `modelCache.allowedHostPaths`)."""
-
-    path: str = Field(
-        ...,
-        min_length=2,
-        max_length=4096,
-        pattern=r"^/",
-        description="Absolute folder on the node; must be under one of the operator's "
-        "`modelCache.allowedHostPaths`.",
-    )
-
-    @field_validator("path")
-    @classmethod
-    def _clean_path(cls, value: str) -> str:
-        if ".." in value.split("/"):
-            raise ValueError("must not contain `..`")
-        return value
-
-
-class NoCache(_Model):
-    """No cache volume: each new pod downloads the model again (the default)."""
-
-
-class ModelCacheSpec(_Model):
-    """Where a pool's pods keep the model's weights, so a restart (a change of K, a rollback)
-    reads them instead of downloading them again. Exactly one of persistentVolumeClaim,
-    hostPath and none."""
-
-    persistent_volume_claim: ClaimCache | None = Field(
-        None, description="Keep the weights on an existing PersistentVolumeClaim."
-    )
-    host_path: HostPathCache | None = Field(
-        None, description="Keep the weights in a folder of the node."
-    )
-    none: NoCache | None = Field(
-        None, description="No cache: every new pod downloads the model (the default)."
-    )
-    read_only: bool = Field(
-        False,
-        description="Mount the cache read-only (a separate job fills it); vLLM then runs "
-        "offline and fails if the model is not in the cache.",
-    )
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> ModelCacheSpec:
-        chosen = [k for k in ("persistent_volume_claim", "host_path", "none") if getattr(self, k)]
-        if len(chosen) != 1:
-            raise ValueError(MODEL_CACHE_ONE_OF)
-        if self.read_only and self.none is not None:
-            raise ValueError(MODEL_CACHE_READ_ONLY)
-        return self
-
-    @property
-    def kind(self) -> Literal["persistentVolumeClaim", "hostPath", "none"]:
-        if self.persistent_volume_claim is not None:
-            return "persistentVolumeClaim"
-        return "hostPath" if self.host_path is not None else "none"
-
-
-MODEL_CACHE_ONE_OF = "set exactly one of persistentVolumeClaim, hostPath and none"
-MODEL_CACHE_READ_ONLY = "readOnly needs a cache volume (persistentVolumeClaim or hostPath)"
-MODEL_CACHE_CEL = [
-    {
-        "rule": "(has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + "
-        "(has(self.none) ? 1 : 0) == 1",
-        "message": MODEL_CACHE_ONE_OF,
-    },
-    {
-        "rule": "!has(self.none) || !has(self.readOnly) || !self.readOnly",
-        "message": MODEL_CACHE_READ_ONLY,
-        "fieldPath": ".readOnly",
-        "reason": "FieldValueInvalid",
-    },
-]
-HOST_PATH_CEL = [
-    {
-        "rule": "!self.matches('(^|/)[.][.](/|$)')",
-        "message": "must not contain `..`",
-    }
-]
 
 
 DEFAULT_FIT_HEADROOM = 0.2
@@ -450,119 +278,7 @@ class MTPInferenceSpec(_Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)  # type: ignore[arg-type]
 
 
-# ---- status -------------------------------------------------------------------------------
-
-ConditionType = Literal["Ready", "Progressing", "Degraded", "SpeculationRolledBack"]
-
-
-class Condition(_Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str
-    observed_generation: int | None = None
-
-
-class PoolStatus(_Model):
-    gpu_product: str
-    num_speculative_tokens: int
-    source: PoolSource
-    reason: str = ""
-    replicas: int = 0
-    ready_replicas: int = 0
-    deployment: str
-    settings_hash: str = ""
-    # Rollback state: kept in status so a restarted operator knows it.
-    rollback_k: int | None = Field(
-        None, description="K pinned by a rollback; cleared by a new spec generation or reset."
-    )
-    rollback_generation: int | None = None
-    last_rollback_time: str | None = None
-    known_good_k: int | None = Field(
-        None, description="Last K that ran through the stabilization window without alerts."
-    )
-    settings_since: str | None = Field(None, description="When the running K was applied.")
-    last_alert_time: str | None = None
-    retained: str | None = Field(
-        None,
-        description="Why this pool is kept as it runs although no node fits it now: "
-        "`NoSchedulableNode` (cordoned, NotReady, drained) or `ProductGone` (no node carries "
-        "the product; removed after the operator's poolRemovalGraceSeconds).",
-    )
-    product_gone_since: str | None = Field(
-        None, description="When no node carried this pool's GPU product any more."
-    )
-    tuning: PoolTuningStatus | None = Field(
-        None, description="Measured K (spec.speculative.tuning)."
-    )
-    traffic_class: str | None = Field(
-        None, description="The traffic class this pool serves (spec.speculative.classes)."
-    )
-
-    @property
-    def key(self) -> str:
-        """The pool's identity: the GPU product, or `product/class` (naming.pool_key)."""
-        return self.gpu_product if self.traffic_class is None else (
-            f"{self.gpu_product}/{self.traffic_class}"
-        )
-    nodes_per_replica: int | None = Field(
-        None, description="Nodes one replica spans (a LeaderWorkerSet group when above 1)."
-    )
-
-
-FitVerdict = Literal["OneNode", "MultiNode", "DoesNotFit", "NotChecked"]
-
-
-class ProductFit(_Model):
-    """The fit check of one GPU product (spec.fit)."""
-
-    gpu_product: str
-    verdict: FitVerdict
-    nodes_per_replica: int = 0
-    gpus_per_node: int = 0
-    gpu_memory_mib: int | None = None
-    message: str = ""
-
-
-class RollbackRecord(_Model):
-    time: str
-    gpu_product: str
-    from_k: int
-    to_k: int
-    alert: str
-    value: float | None = None
-    threshold: float | None = None
-    reason: str = ""
-    via: Literal["alertmanager", "evaluator"] = "alertmanager"
-    traffic_class: str | None = None  # the class pool rolled back (spec.speculative.classes)
-
-
-class MTPInferenceStatus(_Model):
-    observed_generation: int | None = None
-    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Invalid"] | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    pools: list[PoolStatus] = Field(default_factory=list)
-    rollbacks: list[RollbackRecord] = Field(default_factory=list)
-    pools_summary: str | None = Field(None, description="Pools with their K, e.g. `H100:6 A100:4`.")
-    tuning_summary: str | None = Field(
-        None, description="Pools with the K tuning recommends, e.g. `H100:4 A100:4`."
-    )
-    ready: str | None = Field(None, description="Ready replicas over desired, over all pools.")
-    rollback_reset_token: str | None = Field(
-        None, description="The last `mtp-operator.io/reset-rollback` annotation value acted on."
-    )
-    fit: list[ProductFit] = Field(
-        default_factory=list, description="Per GPU product: does the model fit (spec.fit)."
-    )
-    fit_summary: str | None = Field(
-        None,
-        description="Nodes per replica by product (`H200:1 H100:2 L40S:no`), or `not checked` "
-        "without spec.fit.",
-    )
-    removed_pools: list[str] = Field(
-        default_factory=list, description="GPU products whose pools were removed, most recent last."
-    )
+# ---- the resource -------------------------------------------------------------------------
 
 
 class MTPInference(_Model):
