@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-stamp
 # importlib mode: test files in different folders may share a basename (test_examples.py)
 PYTEST := $(PY) -m pytest
 
-.PHONY: help install build-sandbox monitoring lua install-tools images sandbox \
+.PHONY: help install build-sandbox build-go picker monitoring lua install-tools images sandbox \
         sandbox-down sandbox-status test test-unit test-runtime-image lint crds demo bench engine tiny-model \
         bench-engine bench-cache contract-vllm setup setup-installs
 
@@ -18,6 +18,7 @@ help:
 	@echo "make install        .venv with mtp-operator[dev] (editable)"
 	@echo "make sandbox        local control plane + kwok GPU nodes; last line KUBECONFIG=..."
 	@echo "make sandbox-down   stop the sandbox"
+	@echo "make picker         the class-aware endpoint picker + ext-proc probe (Go); last line PICKER_DIR=..."
 	@echo "make images         operator + CPU runtime images with buildah (local Debian base)"
 	@echo "make setup          install everything make test needs (two lanes at once)"
 	@echo "make test           make setup, then run all tests"
@@ -49,6 +50,17 @@ tiny-model: engine
 
 build-sandbox:
 	@bash tests/sandbox/build.sh >/dev/null
+
+# The class-aware endpoint picker (runtime/picker: the Inference Extension v1.5.0 EPP with
+# mtp-traffic-class-filter) and its ext-proc probe, cached in ~/.cache/mtp-operator/picker-<hash
+# of the module's sources> (cold ~3 min on 2 cores; warm: instant). docs/routing.md.
+picker:
+	@bash runtime/picker/build.sh
+
+# setup's CPU lane: the Go builds one after the other
+build-go:
+	@bash tests/sandbox/build.sh >/dev/null
+	@bash runtime/picker/build.sh >/dev/null
 
 monitoring:
 	@bash tests/sandbox/install_monitoring.sh
@@ -83,12 +95,12 @@ TEST_MARKS ?=
 contract-vllm:
 	@bash tests/contract/install_vllm.sh >/dev/null
 
-# Everything `make test` needs, in two lanes at once: the Go builds of the sandbox (CPU-bound,
-# ~12 min cold on 2 cores) beside the downloads and installs (apt, the engine, the model, vLLM
-# 0.33.0, the image bases: mostly network and disk). One after the other they took ~25 min
-# cold; warm, every step finds its cache and returns in seconds.
+# Everything `make test` needs, in two lanes at once: the Go builds of the sandbox and the
+# endpoint picker (CPU-bound, ~12 + ~3 min cold on 2 cores) beside the downloads and installs
+# (apt, the engine, the model, vLLM 0.33.0, the image bases: mostly network and disk). One after
+# the other they took ~25 min cold; warm, every step finds its cache and returns in seconds.
 setup:
-	@$(MAKE) --no-print-directory -j2 build-sandbox setup-installs
+	@$(MAKE) --no-print-directory -j2 build-go setup-installs
 
 setup-installs:
 	@$(MAKE) --no-print-directory -j1 install monitoring lua install-tools engine tiny-model \

@@ -27,7 +27,8 @@ BASE=${base_line#BASE=}
 # the build context as buildah sends it: .dockerignore's re-included paths, minus its excludes
 context_files() {
   { printf '%s\n' Dockerfile .dockerignore tests/images/build.sh pyproject.toml README.md
-    find operator runtime -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*'
+    find operator runtime -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' \
+      ! -path 'runtime/picker/*'
     if [[ $1 == runtime-cpu ]]; then echo tests/engine/install_engine.sh; echo tests/images/build_engine_base.sh; fi
   } | LC_ALL=C sort
 }
