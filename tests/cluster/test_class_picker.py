@@ -8,8 +8,11 @@ picker's ConfigMap `<name>-epp-config`; kwok makes the pool pods Ready with pod 
 sources) runs against the sandbox's API server with the rendered config as it is, watches the
 real InferencePool and its pods, and answers Envoy's ext-proc gRPC API. The probe
 (runtime/picker/cmd/extproc-probe) sends each request as Envoy does (headers, then the body)
-and reads the endpoint the picker chose (`x-gateway-destination-endpoint`): every request lands
-on a pod of its class.
+and reads the endpoint the picker chose (`x-gateway-destination-endpoint`). vLLM's /metrics is
+served on every pod IP with one pod of each class loaded (20 requests waiting) and one idle: the
+scorers alone would pick any idle pod, so each request landing on the idle pod of its own class
+shows the class filter first and the scorers after it (without the filter in the profile this
+test fails at its first request).
 
 A missing Go toolchain or a failed build fails the test (no skip).
 """
@@ -28,6 +31,7 @@ import pytest
 
 import support.mtpi as mtpi_helpers
 from support.cluster_fixtures import get_json, wait_for
+from support.fake_vllm import FakeVLLM
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "runtime" / "picker" / "build.sh"
@@ -76,16 +80,18 @@ class Picker:
                                      env={**os.environ, "KUBECONFIG": str(kubeconfig)},
                                      start_new_session=True)
 
-    def pods_known(self) -> set[str]:
-        """The pods in the picker's datastore, from its per-pod metric."""
+    def queues(self) -> dict[str, float]:
+        """{endpoint: waiting requests} as the picker's datastore holds them (its per-pod
+        metric; an endpoint is `<pod>-rank-<i>`, one per target port)."""
         assert self.proc.poll() is None, f"the picker exited:\n{self.tail()}"
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
                                         timeout=2) as r:
                 text = r.read().decode()
         except OSError:
-            return set()
-        return {line.split('model_server_pod="', 1)[1].split('"', 1)[0]
+            return {}
+        return {line.split('model_server_pod="', 1)[1].split('"', 1)[0]:
+                float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines()
                 if line.startswith("inference_pool_per_pod_queue_size{")}
 
@@ -150,36 +156,44 @@ def test_the_picker_routes_each_request_to_a_pod_of_its_class(
 
     selector = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
     pods = get_json(kubectl, "pods", "-n", namespace, "-l", selector)["items"]
-    by_class: dict[str, set[str]] = {}
-    for p in pods:
+    by_class: dict[str, list[dict]] = {}
+    for p in sorted(pods, key=lambda p: p["metadata"]["name"]):
         assert mtpi_helpers.condition(p, "Ready").get("status") == "True", p["metadata"]["name"]
-        by_class.setdefault(p["metadata"]["labels"][CLASS_LABEL], set()).add(
-            p["status"]["podIP"])
-    assert {c: len(ips) for c, ips in by_class.items()} == {
+        by_class.setdefault(p["metadata"]["labels"][CLASS_LABEL], []).append(p)
+    assert {c: len(ps) for c, ps in by_class.items()} == {
         c["name"]: REPLICAS for c in CLASSES}, by_class
     port = pool["spec"]["targetPorts"][0]["number"]
 
+    # vLLM's /metrics on every pod IP: in each class one pod has 20 requests waiting, the other
+    # none. Left to its scorers the picker would send a request to any of the 4 idle pods; with
+    # the class filter first it must pick the idle pod of the request's class.
+    fakes, want_queues, idle = [], {}, {}
+    for c, ps in by_class.items():
+        for i, p in enumerate(ps):
+            fake = FakeVLLM(host=p["status"]["podIP"], port=port).start()
+            fakes.append(fake)
+            fake.waiting = 20.0 if i == 0 else 0.0
+            want_queues[f'{p["metadata"]["name"]}-rank-0'] = fake.waiting
+        idle[c] = ps[1]["status"]["podIP"]
     picker = Picker(picker_binaries / "mtp-picker", Path(kubeconfig), namespace, config,
                     tmp_path / "picker.log")
     try:
-        # the datastore names an endpoint `<pod>-rank-<i>`, one per target port
-        names = {f'{p["metadata"]["name"]}-rank-0' for p in pods}
-        wait_for(lambda: picker.pods_known() == names and picker.serving(), 60,
-                 message="the picker's datastore to hold every pool pod, its ext-proc port open")
+        wait_for(lambda: picker.queues() == want_queues and picker.serving(), 60,
+                 message="the picker to hold every pool pod with its queue, ext-proc open")
         for headers, chars, want in CASES:
-            for _ in range(3):  # several requests: the scorers may pick either replica
+            for _ in range(2):
                 got = _probe(picker_binaries / "extproc-probe", picker.grpc_port, chars,
                              headers)
                 assert not got.get("error"), (got, picker.tail())
-                ip, _, got_port = got["endpoint"].rpartition(":")
                 assert got["metadataEndpoint"] == got["endpoint"], got
-                assert int(got_port) == port
-                assert ip in by_class[want], (
-                    f"{headers} + {chars} chars landed on {ip}, not a {want} pod "
-                    f"{sorted(by_class[want])}")
+                assert got["endpoint"] == f"{idle[want]}:{port}", (
+                    f"{headers} + {chars} chars: picked {got['endpoint']}, not the idle {want} "
+                    f"pod {idle[want]} (idle pods by class: {idle})")
         assert picker.proc.poll() is None, picker.tail()
     finally:
         picker.stop()
+        for fake in fakes:
+            fake.stop()
 
 
 def test_the_filters_go_unit_tests_pass(picker_binaries):
