@@ -17,7 +17,8 @@ Versions, read from the Go module `sigs.k8s.io/gateway-api-inference-extension`:
   (the EPP's default weights 2, 2, 3), `max-score-picker`, `single-profile-handler`. No EPP
   version served here has a filter by pod label or by prompt length, so the class filter is a
   plugin of its own type, `mtp-traffic-class-filter` (parameters: `TrafficClassFilter`
-  below), that an EPP built with it registers (docs/routing.md).
+  below), that the EPP built from `runtime/picker` registers (docs/routing.md); that picker
+  decodes these parameters strictly, so a change here must change it too.
 """
 
 from __future__ import annotations
