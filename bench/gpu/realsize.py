@@ -249,6 +249,11 @@ def main() -> int:
     ap.add_argument("--per-k-estimate", type=float, default=110.0)
     ap.add_argument("--ready-timeout", type=float, default=400.0)
     ap.add_argument("--work", type=Path, default=Path("/tmp/mtp-realsize"))
+    ap.add_argument("--compilation", choices=("graphs", "production"), default="graphs",
+                    help="graphs: FULL_DECODE_ONLY CUDA graphs without torch.compile (the "
+                         "sweep's setting: fast starts, but vLLM then runs the drafter "
+                         "without graphs); production: vLLM's default compilation, no "
+                         "--compilation-config (results kept apart as variant 'compiled')")
     args = ap.parse_args()
     t_start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -257,7 +262,11 @@ def main() -> int:
     concs = [int(x) for x in args.concurrency.split(",") if x]
     levels = [float(x) for x in args.levels.split(",") if x]
     product = os.environ.get(PRODUCT_ENV, "")
-    extra = [*COMMON_ARGS, *realsize_models.KIND_ARGS[args.kind],
+    common = list(COMMON_ARGS)
+    if args.compilation == "production":
+        at = common.index("--compilation-config")
+        del common[at:at + 2]
+    extra = [*common, *realsize_models.KIND_ARGS[args.kind],
              "--gpu-memory-utilization", args.gpu_memory_utilization,
              "--max-num-seqs", str(args.max_num_seqs)]
     results: dict = {"kind": args.kind, "config": realsize_models.KINDS[args.kind],
@@ -266,6 +275,9 @@ def main() -> int:
                      "max_model_len": args.max_model_len, "accept_n": ACCEPT_N,
                      "runs": [], "servers": [], "skipped": []}
     tag = args.kind
+    if args.compilation == "production":
+        results["variant"] = "compiled"
+        tag = f"{args.kind}-compiled"
     res_path = args.out / f"{tag}-results.json"
     tar_path = args.out / f"{tag}-expositions.tar.gz"
     store: dict[str, str] = {}

@@ -58,7 +58,9 @@ def load_calls(raw: Path) -> list[dict]:
         kinds = {}
         for f in sorted(d.glob("*-results.json")):
             res = json.loads(f.read_text())
-            kinds[res["kind"]] = res
+            # a variant (e.g. vLLM's default compilation) is a sweep of its own
+            name = res["kind"] + (f" ({res['variant']})" if res.get("variant") else "")
+            kinds[name] = res
         calls.append({"name": d.name, "env": env, "meta": meta, "kinds": kinds})
     return calls
 
