@@ -128,6 +128,28 @@ def phase(b: Bench, engines: list[Any], ks: list[int], routed: bool, args: Any) 
     }
 
 
+def merge_round(before: dict[str, Any] | None, got: dict[str, Any], rnd: int) -> dict[str, Any]:
+    """One phase over several rounds: windows and counts pooled, each window tagged with its
+    round, the medians taken over every window; each round's own medians kept beside."""
+    for w in got["windows"]:
+        w["round"] = rnd
+    per_round = {"round": rnd, "median_output_per_cpu_s": got["median_output_per_cpu_s"],
+                 "median_wall_output_tps": got["median_wall_output_tps"]}
+    if before is None:
+        return {**got, "rounds": [per_round]}
+    rows = before["windows"] + got["windows"]
+    per_cpu = [r["output_per_cpu_s"] for r in rows if r["output_per_cpu_s"]]
+    return {
+        **before, "windows": rows,
+        "median_output_per_cpu_s": round(statistics.median(per_cpu), 2) if per_cpu else None,
+        "median_wall_output_tps": round(statistics.median(
+            [r["wall_output_tps"] for r in rows]), 2) if rows else None,
+        "errors": before["errors"] + got["errors"],
+        "completed": before["completed"] + got["completed"],
+        "rounds": [*before.get("rounds", []), per_round],
+    }
+
+
 def summary(res: dict[str, Any]) -> list[str]:
     """The table rows: each phase's medians, and its ratio to the routed phase."""
     routed = res["phases"].get("routed") or {}
@@ -167,6 +189,9 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--windows", type=int, default=3)
     ap.add_argument("--warmup", type=float, default=8.0)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the phases this many times in turn (ABAB...): each phase's "
+                         "figure is the median of its windows over every round")
     ap.add_argument("--out", default=str(RESULTS / "classes.json"))
     args = ap.parse_args()
     if args.long_prompt + args.max_tokens > traffic.MAX_CONTEXT:
@@ -195,14 +220,18 @@ def main() -> int:
             print(f"engine {i} at K={k} up in {eng.started_s:.0f} s", flush=True)
             engines[i:i + 1] = [eng]
 
+    plan: list[tuple[str, list[int], bool]] = [
+        ("routed", [args.short_k, args.long_k], True),
+        *((f"single-K{k}", [k, k], False) for k in (int(x) for x in args.single_ks.split(","))),
+    ]
     try:
-        set_ks([args.short_k, args.long_k])
-        print("routed", flush=True)
-        res["phases"]["routed"] = phase(b, engines, [args.short_k, args.long_k], True, args)
-        for k in (int(x) for x in args.single_ks.split(",")):
-            set_ks([k, k])
-            print(f"single K={k}", flush=True)
-            res["phases"][f"single-K{k}"] = phase(b, engines, [k, k], False, args)
+        for rnd in range(1, args.rounds + 1):
+            for name, ks, routed in plan:
+                set_ks(ks)
+                print(f"round {rnd}: {name}", flush=True)
+                got = phase(b, engines, ks, routed, args)
+                res["phases"][name] = merge_round(res["phases"].get(name), got, rnd)
+                Path(args.out).write_text(json.dumps(res, indent=2) + "\n")  # as it goes
     finally:
         for e in engines:
             e.stop()
