@@ -64,7 +64,7 @@ from mtp_operator.tuning.decision import (  # noqa: E402
     Guard,
     Policy,
     Trial,
-    decide,
+    decide_tuning,
 )
 from mtp_operator.tuning.estimator import Measurement, measure  # noqa: E402
 from mtp_runtime.gpu_profiles import DEFAULT_K  # noqa: E402
@@ -331,7 +331,7 @@ def tune(b: Bench, pool: Pool, cls: str, policy: Policy, stay: int, max_windows:
         ms = pool.window()
         table += ms.values()
         now = datetime.now(UTC)
-        d = decide(policy, running, trial, history, table, Guard(), now, 2)
+        d = decide_tuning(policy, running, trial, history, table, Guard(), now, 2)
         entry = {"window": i, "ks": [r.k for r in pool.replicas],
                  "output_tokens_per_cpu_s": {str(k): round(m.output_tps, 2)
                                              for k, m in ms.items()},

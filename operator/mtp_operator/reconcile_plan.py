@@ -45,7 +45,8 @@ from mtp_operator.planning import (
     plan_pool,
     product_fits,
 )
-from mtp_operator.rollback.state import RollbackView, pool_rollback_state
+from mtp_operator.rollback.policy import RollbackDecision
+from mtp_operator.rollback.state import RollbackView, pool_rollback_state, with_decisions
 from mtp_operator.settings import DEFAULT_POOL_REMOVAL_GRACE_SECONDS
 from mtp_operator.status import (
     MAX_STATUS_POOLS,
@@ -58,8 +59,37 @@ from mtp_operator.status import (
 )
 from mtp_operator.timestamps import format_time, parse_time
 from mtp_operator.traffic_classes import class_plans, class_pool_fates, class_specs
-from mtp_operator.tuning.state import canary_plans, carried, planned_k
+from mtp_operator.tuning.state import canary_plans, carried, planned_k, with_tuning
 from mtp_runtime.problems import Problem
+
+
+@dataclass(frozen=True)
+class Fold:
+    """What one pass folds into the status it plans with (and its one status write persists):
+    rollback decisions (control/rollback.py) and the tuner's new per-pool entries
+    (control/tuner.py). `folded`: (the status the decisions were folded into by whoever made
+    them, the result), reused by a pass that reads that same status, so that a decision is
+    folded once (rollback.state.with_decisions)."""
+
+    decisions: Sequence[RollbackDecision] = ()
+    tuning: Mapping[str, PoolTuningStatus] = field(default_factory=dict)
+    folded: tuple[MTPInferenceStatus, MTPInferenceStatus] | None = None
+
+    def into(self, persisted: MTPInferenceStatus) -> MTPInferenceStatus:
+        """`persisted` with the decisions and the tuning entries."""
+        if self.folded is not None and self.folded[0] is persisted:
+            with_rollbacks = self.folded[1]
+        else:
+            with_rollbacks = with_decisions(persisted, self.decisions)
+        return with_tuning(with_rollbacks, self.tuning)
+
+    @property
+    def rolled_back(self) -> frozenset[str]:
+        """The pools a decision rolls back in this pass (their Event says why)."""
+        return frozenset(d.state.gpu_product for d in self.decisions if d.record is not None)
+
+
+NO_FOLD = Fold()
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def drive(
     """
     from datetime import UTC, datetime, timedelta
 
-    from mtp_operator.tuning.decision import Guard, Trial, decide
+    from mtp_operator.tuning.decision import Guard, Trial, decide_tuning
     from mtp_operator.tuning.estimator import measure
 
     t0 = t0 or datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
@@ -96,7 +96,7 @@ def drive(
             table.append(measure(sim.window(trial.k, start, span, 1, noise(i))))
         else:
             table.append(measure(sim.window(trial.k, start, span, replicas, noise(i))))
-        d = decide(policy, k, trial, history, table, Guard(), now, replicas, prior=prior)
+        d = decide_tuning(policy, k, trial, history, table, Guard(), now, replicas, prior=prior)
         decisions.append(d)
         if d.action == "start_trial":
             trial = Trial(d.trial_k, k, now, d.trial_kind)

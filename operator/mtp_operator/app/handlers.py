@@ -272,7 +272,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, view: Kopf
         return pod_index_entry(body)
 
     # tuning canaries by their resource, Ready or not: a pass deletes one no live trial names
-    # and makes again one that went away (control/pool_writes.py, issue 36)
+    # and makes again one that went away (control/writes.py, issue 36)
     @kopf.index(*POD_KIND, labels={**OWNED, LABEL_CANARY: "true"}, id="canary_pod_index",
                 registry=registry)
     async def canary_pod_index(body: kopf.Body, **_: Any) -> dict:

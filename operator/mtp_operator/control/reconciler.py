@@ -4,33 +4,38 @@ Reads come from in-memory views of the cluster (kopf indexes, see app/handlers.p
 reconcile that finds nothing to do makes no API request at all; writes go through kube.Kube.
 Each resource is reconciled by one task at a time; a request that arrives while one runs
 makes it run once more, never twice in parallel.
+
+The core is composed, as argo-rollouts' per-pass context and its one persisting writer: what
+is kept per resource lives in `control.slots.Slot` (by job), a pass's object writes in
+`self.writes` (`control.writes.Writes`), the status write here (`_write_status`). What is
+decided outside a pass (rollback decisions, tuning entries) comes in through one method,
+`fold_pass`, as a `reconcile_plan.Fold`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from lightkube import ApiError
 
-from mtp_operator import builders
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
-from mtp_operator.api.tuning import PoolTuningStatus
-from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
-from mtp_operator.control.pool_writes import BULK_WRITES_IN_FLIGHT, PoolWrites
+from mtp_operator.api.v1alpha1 import MTPInferenceStatus
 from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
+from mtp_operator.control.slots import Slot
+from mtp_operator.control.writes import Writes
 from mtp_operator.drift import annotations_read
 from mtp_operator.events import REASON_PRODUCT_DOES_NOT_FIT, fit_refusals
-from mtp_operator.model_cache import cache_problems, effective
-from mtp_operator.planning import NodeInventory, PoolPlan
+from mtp_operator.model_cache import cache_problems
+from mtp_operator.planning import NodeInventory
 from mtp_operator.reconcile_plan import (
+    NO_FOLD,
     Applied,
+    Fold,
     pass_status,
     plan_pass,
     pool_inputs,
@@ -38,8 +43,6 @@ from mtp_operator.reconcile_plan import (
     resource_version,
     significant,
 )
-from mtp_operator.rollback.policy import Decision
-from mtp_operator.rollback.state import with_decisions
 from mtp_operator.settings import OperatorSettings
 from mtp_operator.status import (
     bad_times,
@@ -48,54 +51,12 @@ from mtp_operator.status import (
     status_changed,
     to_wire,
 )
-from mtp_operator.tuning.state import with_tuning
-from mtp_operator.validation import Problem, problems_text, spec_problems
+from mtp_operator.validation import problems_text
 
 log = logging.getLogger(__name__)
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass
-class _Slot:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    dirty: bool = False
-    # traffic classes: the routing objects applied, (kind, name) → their JSON (pool_writes)
-    routing: dict[tuple[str, str], str] = field(default_factory=dict)
-    routing_set: Any = None  # the DesiredSet whose routing objects were all applied
-    # Our own last status write, used until the watch delivers it (never read stale state).
-    status: MTPInferenceStatus | None = None
-    status_rv: int = 0
-    # Pools we applied, by GPU product, until the watch delivers them: a pass that runs before
-    # a new Deployment's watch event must not create (and announce) it a second time.
-    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
-    service_applied: float = -1e9  # monotonic time of our last Service apply
-    service_seen: bool = False  # the watch has shown the Service since that apply
-    status_written: float = -1e9  # monotonic time of our last status write
-    later: asyncio.TimerHandle | None = None  # a pass scheduled by reconcile_later()
-    # The last pass's pure results, reused while their inputs are the same: most passes at
-    # scale are for a pool's status change and find the same spec and the same plans.
-    spec_memo: tuple[str, Any, Any] | None = None  # (spec as JSON, spec, problems)
-    desired_memo: builders.DesiredSet | None = None  # the objects, rendered when needed
-    last_error: str | None = None  # the last unexpected error (its traceback is logged once)
-    canaries: dict[str, Any] = field(default_factory=dict)  # pod name → pool_writes.CanaryMemo
-    # per GPU product, the pool Deployment the last pass saw: (resourceVersion, pool_inputs).
-    # A watch event with the same version, or the same inputs, brings nothing new (at
-    # start-up every pool's ADDED event would be a pass each)
-    seen_pools: dict[str, tuple[int, tuple[Any, ...]]] = field(default_factory=dict)
-    # the watched body's status object and its typed reading: the evaluator and the tuner ask
-    # for every resource's status each round, and a watch event brings a new object each
-    # time (the models are frozen, so the reading can be shared)
-    read_memo: tuple[Any, MTPInferenceStatus] | None = None
-    # per GPU product: (desired objects, observed spec, drift.annotations_read of the observed
-    # pool, drifted fields)
-    drift_memo: dict[str, tuple[Any, Any, Any, list[str]]] = field(default_factory=dict)
-    # what the last pass read of the resource and of the GPU nodes (Reconciler.nodes_seen):
-    # at start-up every resource's listed event and the first node event would each make a
-    # pass of every resource (2,000 passes for 1,000 resources), the second with nothing new
-    seen_resource_rv: int = -1
-    seen_nodes_version: int = -1
 
 
 # A status change that only reports progress (replica counts, messages, a rollout's
@@ -117,7 +78,7 @@ RETRY_SECONDS = 5.0  # after a failed API request, the next pass of that resourc
 UNEXPECTED_RETRY_SECONDS = 30.0  # after an error that is not the API server's
 
 
-class Reconciler(PoolWrites):
+class Reconciler:
     def __init__(
         self,
         kube: Kube,
@@ -129,7 +90,7 @@ class Reconciler(PoolWrites):
         self.view = view
         self.settings = settings
         self.clock = clock
-        self._slots: dict[Key, _Slot] = {}
+        self._slots: dict[Key, Slot] = {}
         self._tasks: set[asyncio.Task] = set()
         self._gpu_fingerprint: frozenset = frozenset()
         self._progressing: set[Key] = set()  # resources whose last status written says so
@@ -137,24 +98,26 @@ class Reconciler(PoolWrites):
         self._nodes: list[Any] = []
         self._nodes_version = 0
         self._inventory = NodeInventory(())
-        self._bulk_writes = asyncio.Semaphore(BULK_WRITES_IN_FLIGHT)
+        # the one writer of a pass's objects (the status is written here: _write_status)
+        self.writes = Writes(kube, view, settings, self.slot, lambda: self.clock(),
+                             self.reconcile_later)
 
     def progress_interval(self) -> float:
         """Seconds between two progress-only status writes of one resource."""
         return max(STATUS_COUNTS_INTERVAL, len(self._progressing) / PROGRESS_WRITES_PER_SECOND)
 
     # ---- scheduling -------------------------------------------------------------------
-    def slot(self, key: Key) -> _Slot:
-        slot = self._slots.get(key)  # looked up first: a _Slot (and its lock) costs a build
+    def slot(self, key: Key) -> Slot:
+        slot = self._slots.get(key)  # looked up first: a Slot (and its lock) costs a build
         if slot is None:
-            slot = self._slots[key] = _Slot()
+            slot = self._slots[key] = Slot()
         return slot
 
     def forget(self, key: Key) -> None:
         slot = self._slots.pop(key, None)
         self._progressing.discard(key)
-        if slot is not None and slot.later is not None:
-            slot.later.cancel()
+        if slot is not None and slot.turn.later is not None:
+            slot.turn.later.cancel()
 
     def reset(self) -> None:
         """Forget every resource's state (their CRD was deleted; kopf starts afresh)."""
@@ -168,21 +131,22 @@ class Reconciler(PoolWrites):
     def reconcile_later(self, key: Key, delay: float) -> None:
         """One more pass of `key` in `delay` seconds (one timer per resource; the earliest)."""
         slot = self.slot(key)
+        turn = slot.turn
         loop = asyncio.get_running_loop()
         due = loop.time() + delay
-        if slot.later is not None and not slot.later.cancelled():
-            if slot.later.when() <= due:
+        if turn.later is not None and not turn.later.cancelled():
+            if turn.later.when() <= due:
                 return
-            slot.later.cancel()
+            turn.later.cancel()
 
         def fire() -> None:
-            slot.later = None
+            turn.later = None
             if self._slots.get(key) is slot:
                 task = loop.create_task(self.reconcile_or_retry(key))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
-        slot.later = loop.call_at(due, fire)
+        turn.later = loop.call_at(due, fire)
 
     async def reconcile_or_retry(self, key: Key) -> None:
         """reconcile(), and on an API error another pass in RETRY_SECONDS: the failure is in
@@ -193,20 +157,20 @@ class Reconciler(PoolWrites):
             log.warning("will retry %s/%s in %.0fs: %s", key[0], key[1], RETRY_SECONDS, err)
             self.reconcile_later(key, RETRY_SECONDS)
         except Exception as err:  # a bug must not stop this resource for good, nor flood logs
-            slot = self.slot(key)
+            turn = self.slot(key).turn
             text = f"{type(err).__name__}: {err}"
             log.error("reconcile %s/%s failed: %s; retrying in %.0fs", key[0], key[1], text,
-                      UNEXPECTED_RETRY_SECONDS, exc_info=err if slot.last_error != text else None)
-            slot.last_error = text
+                      UNEXPECTED_RETRY_SECONDS, exc_info=err if turn.last_error != text else None)
+            turn.last_error = text
             self.reconcile_later(key, UNEXPECTED_RETRY_SECONDS)
 
     def pool_seen(self, key: Key, body: Mapping[str, Any]) -> None:
         """The watch delivered a pool Deployment event (deletions too): our copy is stale now."""
         slot = self._slots.get(key)
         product = product_of(body) or ""
-        ours = slot.pools.get(product) if slot else None
+        ours = slot.ours.pools.get(product) if slot else None
         if ours is not None and resource_version(body) >= resource_version(ours):
-            self._forget_our_pool(slot, product)
+            slot.forget_our_pool(product)
 
     def pool_news(self, key: Key, body: Mapping[str, Any]) -> bool:
         """Whether a pool Deployment's watch event shows what the last pass did not see.
@@ -217,7 +181,7 @@ class Reconciler(PoolWrites):
         if slot is None:
             return True
         product = product_of(body) or ""
-        seen = slot.seen_pools.get(product)
+        seen = slot.seen.pools.get(product)
         if seen is None:
             return True
         version = resource_version(body)
@@ -226,11 +190,11 @@ class Reconciler(PoolWrites):
         inputs = pool_inputs(body, observe_deployment(body))
         if inputs != seen[1]:
             return True
-        slot.seen_pools[product] = (version, inputs)
+        slot.seen.pools[product] = (version, inputs)
         spec, annotations = inputs[1], annotations_read(body)
-        memo = slot.drift_memo.get(product)
+        memo = slot.memos.drift.get(product)
         if memo is not None and memo[1] == spec and memo[2] == annotations:
-            slot.drift_memo[product] = (memo[0], spec, annotations, memo[3])
+            slot.memos.drift[product] = (memo[0], spec, annotations, memo[3])
         return False
 
     def own_status_echo(self, key: Key, body: Mapping[str, Any]) -> bool:
@@ -239,31 +203,32 @@ class Reconciler(PoolWrites):
         else, spec or metadata, has another resourceVersion). In a rollout about one pass in
         six was one of these (~2.1 status writes a resource, ~11 passes), with nothing to do."""
         slot = self._slots.get(key)
-        return slot is not None and slot.status_rv > 0 and resource_version(body) == slot.status_rv
+        return (slot is not None and slot.ours.status_rv > 0
+                and resource_version(body) == slot.ours.status_rv)
 
     def observed_pools(self, key: Key) -> dict[str, Mapping[str, Any]]:
         """The watched pool Deployments, with our own newer writes the watch hasn't shown."""
         out = dict(self.view.pool_deployments(key))
         slot = self.slot(key)
-        for product, ours in list(slot.pools.items()):
+        for product, ours in list(slot.ours.pools.items()):
             theirs = out.get(product)
             if theirs is not None and resource_version(theirs) >= resource_version(ours):
-                self._forget_our_pool(slot, product)
+                slot.forget_our_pool(product)
             else:
                 out[product] = ours
         return out
 
     async def reconcile(self, key: Key) -> None:
         """Reconcile `key`; if one is running, make it run once more and return."""
-        slot = self.slot(key)
-        if slot.lock.locked():
-            slot.dirty = True
+        turn = self.slot(key).turn
+        if turn.lock.locked():
+            turn.dirty = True
             return
-        async with slot.lock:
+        async with turn.lock:
             while True:
-                slot.dirty = False
+                turn.dirty = False
                 await self.reconcile_locked(key)
-                if not slot.dirty:
+                if not turn.dirty:
                     break
 
     def gpu_inventory_changed(self) -> bool:
@@ -293,7 +258,7 @@ class Reconciler(PoolWrites):
         """Whether a watch event of the resource shows a version its last pass did not read
         (a pass that failed schedules its own retry)."""
         slot = self._slots.get(key)
-        return slot is None or resource_version(body) != slot.seen_resource_rv
+        return slot is None or resource_version(body) != slot.seen.resource_rv
 
     async def reconcile_for_nodes(self) -> None:
         """Reconcile every resource whose last pass read other GPU nodes than the view has
@@ -304,7 +269,7 @@ class Reconciler(PoolWrites):
         _, version = self.nodes_seen()
         keys = [
             k for k in self.view.resource_keys()
-            if (slot := self._slots.get(k)) is not None and slot.seen_nodes_version != version
+            if (slot := self._slots.get(k)) is not None and slot.seen.nodes_version != version
         ]
         await self._reconcile_keys(keys)
 
@@ -322,13 +287,13 @@ class Reconciler(PoolWrites):
     def current_status(self, key: Key, body: Mapping[str, Any]) -> MTPInferenceStatus:
         """The freshest status we know: the watched body's, or our own newer write."""
         slot = self.slot(key)
-        if slot.status is not None and slot.status_rv > resource_version(body):
-            return slot.status
+        if slot.ours.status is not None and slot.ours.status_rv > resource_version(body):
+            return slot.ours.status
         raw = body.get("status")
-        memo = slot.read_memo
+        memo = slot.memos.read
         if memo is None or memo[0] is not raw:
             memo = (raw, read_status(raw))
-            slot.read_memo = memo
+            slot.memos.read = memo
             for what in bad_times(memo[1]):  # read as absent, not raised (issue 36)
                 log.warning("%s/%s: %s", key[0], key[1], what)
         return memo[1]
@@ -340,61 +305,90 @@ class Reconciler(PoolWrites):
         something `old` (what the server has) doesn't."""
         if not status_changed(old, new):
             return
-        slot = self.slot(key)
-        wait = slot.status_written + self.progress_interval() - time.monotonic()
+        ours = self.slot(key).ours
+        wait = ours.status_written + self.progress_interval() - time.monotonic()
         if wait > 0 and significant(old) == significant(new):
             self.reconcile_later(key, wait)  # progress only: written with the next change
             return
         out = await self.kube.patch_status(key[0], key[1], to_wire(new))
-        slot.status_written = time.monotonic()
+        ours.status_written = time.monotonic()
         if new.phase == "Progressing":
             self._progressing.add(key)
         else:
             self._progressing.discard(key)
-        slot.status = read_status(out.get("status")) if out.get("status") else new
+        ours.status = read_status(out.get("status")) if out.get("status") else new
         try:
-            slot.status_rv = int(out["metadata"]["resourceVersion"])
+            ours.status_rv = int(out["metadata"]["resourceVersion"])
         except (KeyError, ValueError, TypeError):
-            slot.status_rv = 0
+            ours.status_rv = 0
         OPERATOR_METRICS.status_writes.inc()
 
-    async def reconcile_locked(
+    async def fold_pass(
         self,
         key: Key,
-        decisions: Sequence[Decision] = (),
-        tuning: Mapping[str, PoolTuningStatus] | None = None,
-    ) -> None:
-        """One reconcile pass; the caller holds `self.slot(key).lock`. `decisions` (rollback
-        decisions, from control/rollback.py) and `tuning` (the tuner's new per-pool entries,
-        control/tuner.py) are folded into the status first, so this pass plans with them and
-        its one status write persists them."""
+        fold: Callable[[], Awaitable[Fold | None]],
+        then: Callable[[BaseException | None], Awaitable[None]] | None = None,
+        after: Callable[[TransientReconcileError | None], Awaitable[None]] | None = None,
+    ) -> TransientReconcileError | None:
+        """The one way in for what is decided outside a pass (the alert path, so the
+        evaluator, and the tuner): under the resource's lock, `fold()` says what to fold
+        into one pass (None: no pass) and the pass runs with it; `then(error)`, still under
+        the lock, with the pass's error (None: it wrote everything). A pool write's error
+        (TransientReconcileError: the status is written) is returned, any other raised.
+        After the lock, `after(error)` (it may raise); then, if all went well, a pass asked
+        for meanwhile runs (reconcile() deferred it to us), or the slot goes if the
+        resource was deleted meanwhile (its watch event forgot it; this made it again)."""
+        failed: TransientReconcileError | None = None
+        async with self.slot(key).turn.lock:
+            change = await fold()
+            try:
+                if change is not None:
+                    await self.reconcile_locked(key, change)
+            except TransientReconcileError as err:
+                failed = err
+            except BaseException as err:
+                if then is not None:
+                    await then(err)
+                raise
+            if then is not None:
+                await then(failed)
+        if after is not None:
+            await after(failed)
+        if failed is None:
+            if self.view.resource(key) is None:
+                self.forget(key)
+            elif (slot := self._slots.get(key)) is not None and slot.turn.dirty:
+                await self.reconcile(key)
+        return failed
+
+    async def reconcile_locked(self, key: Key, fold: Fold = NO_FOLD) -> None:
+        """One reconcile pass; the caller holds the slot's `turn.lock` (reconcile(),
+        fold_pass()). `fold` (rollback decisions, tuning entries) goes into the status first,
+        so this pass plans with it and its one status write persists it."""
         body = self.view.resource(key)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return  # deleted: owner references let the garbage collector remove the pools
         try:
-            await self._pass(key, body, decisions, tuning or {})
+            await self._pass(key, body, fold)
         finally:
             # counted when done, so a pass that shows in the counter has made its writes
             OPERATOR_METRICS.reconciles.inc()
 
-    async def _pass(
-        self, key: Key, body: Mapping[str, Any], decisions: Sequence[Decision],
-        tuning: Mapping[str, PoolTuningStatus],
-    ) -> None:
+    async def _pass(self, key: Key, body: Mapping[str, Any], fold: Fold) -> None:
         meta = body.get("metadata") or {}
         slot = self.slot(key)
-        nodes, slot.seen_nodes_version = self.nodes_seen()
-        slot.seen_resource_rv = resource_version(body)
+        nodes, slot.seen.nodes_version = self.nodes_seen()
+        slot.seen.resource_rv = resource_version(body)
         persisted = self.current_status(key, body)
-        previous = with_tuning(with_decisions(persisted, decisions), tuning)
+        previous = fold.into(persisted)
         observed_bodies = self.observed_pools(key)
         observed = {p: observe_deployment(d) for p, d in observed_bodies.items()}
-        slot.seen_pools = {
+        slot.seen.pools = {
             p: (resource_version(d), pool_inputs(d, observed[p]))
             for p, d in observed_bodies.items()
         }
         now = self.clock()
-        spec, problems = self._spec(key, body)
+        spec, problems = slot.memos.parsed_spec(body)
         if spec is not None and not problems:  # the cache's claim must exist in the namespace
             problems = cache_problems(
                 spec,
@@ -416,19 +410,20 @@ class Reconciler(PoolWrites):
         applied = Applied()
         if not plan.problems:
             assert plan.spec is not None
-            desired = self._desired(
-                key, meta.get("uid", ""), plan.spec, plan.pools, frozenset(plan.canaries)
+            desired = slot.memos.desired_set(
+                key, meta.get("uid", ""), plan.spec, plan.pools, self.settings,
+                frozenset(plan.canaries),
             )
-            rolled = frozenset(d.state.gpu_product for d in decisions if d.record is not None)
             try:
-                applied = await self.apply(
-                    key, body, desired, plan, observed_bodies, previous, announced=rolled
+                applied = await self.writes.apply(
+                    key, body, desired, plan, observed_bodies, previous, fold.rolled_back
                 )
             finally:
                 desired.release()  # not held between passes (builders.DesiredSet)
         elif plan.fates:  # nothing fits, but pools of products gone for good still go
-            applied = Applied(removed=await self._remove_pools(key, body, observed_bodies, plan))
-        if applied.settings_hashes and self.slot(key).pools:
+            applied = Applied(
+                removed=await self.writes.remove_pools(key, body, observed_bodies, plan))
+        if applied.settings_hashes and slot.ours.pools:
             # our own writes of this pass count as observed (a new pool: its replicas, not 0;
             # an updated one: not rolled out yet), so the next watch event is no new progress
             observed = {p: observe_deployment(d) for p, d in self.observed_pools(key).items()}
@@ -444,46 +439,6 @@ class Reconciler(PoolWrites):
             # the caller retries (reconcile_or_retry): the API server may be briefly away
             raise TransientReconcileError(applied.error)
 
-    def _spec(
-        self, key: Key, body: Mapping[str, Any]
-    ) -> tuple[MTPInferenceSpec | None, list[Problem]]:
-        """spec_problems(spec), reused while the spec is the same."""
-        slot = self.slot(key)
-        text = json.dumps(body.get("spec") or {}, sort_keys=True, default=str)
-        if slot.spec_memo is None or slot.spec_memo[0] != text:
-            spec, problems = spec_problems(body.get("spec") or {})
-            slot.spec_memo = (text, spec, problems)
-        return slot.spec_memo[1], list(slot.spec_memo[2] or [])
-
-    def _desired(
-        self, key: Key, uid: str, spec: MTPInferenceSpec, plans: list[PoolPlan],
-        canaries: frozenset[str] = frozenset(),
-    ) -> builders.DesiredSet:
-        """builders.desired_objects (pure) as a DesiredSet, the same one while its inputs are
-        the same. The spec and each pool's K determine a plan's serve settings; the objects
-        are never mutated."""
-        slot = self.slot(key)
-        assert slot.spec_memo is not None
-        inputs = (
-            slot.spec_memo[0],
-            uid,
-            tuple((p.key, p.k, p.source, p.k_mode, p.serve) for p in plans),
-            canaries,
-        )
-        if slot.desired_memo is None or slot.desired_memo.inputs != inputs:
-            slot.desired_memo = builders.DesiredSet(
-                inputs,
-                key[1],
-                key[0],
-                uid,
-                spec,
-                plans,
-                self.settings.default_image,
-                self.settings.gpu_profiles,
-                effective(spec, self.settings.model_cache, key[0]),
-                canaries,
-            )
-        return slot.desired_memo
 
 class TransientReconcileError(RuntimeError):
     """The API server refused or failed a write; retried by the caller."""

@@ -1,14 +1,16 @@
 """Acting on rollback signals: the I/O around the pure policy.
 
 Both ways in (Alertmanager's webhook and the built-in evaluator) end in `apply_signals`:
-for each signal it finds the pool and asks `policy.decide`; the decisions are values, handed
-to one reconcile pass of the resource, which folds them into the status (pin, history, alert
-times; `rollback.state.with_decisions`), rolls exactly the affected pools' Deployments to the
-new K and writes the status once (the reconciler is the one status writer). Then each
-rollback is announced with an Event and counted. It runs under the resource's reconcile
-lock, so a rollback and a reconcile never interleave; requests for one resource that arrive
-while its lock is held are decided and written together by the first to get it (a burst of
-alerts for one resource's pools costs one pass, not one each).
+for each signal it finds the pool and asks `policy.decide_rollback`; the decisions are
+values, folded once into the status (pin, history, alert times;
+`rollback.state.with_decisions`) and handed to one reconcile pass of the resource
+(`Reconciler.fold_pass`, a `reconcile_plan.Fold`), which plans with that status, rolls
+exactly the affected pools' Deployments to the new K and writes the status once (the
+reconciler is the one status writer). Then each rollback is announced with an Event and
+counted. It runs under the resource's reconcile lock, so a rollback and a reconcile never
+interleave; requests for one resource that arrive while its lock is held are decided and
+written together by the first to get it (a burst of alerts for one resource's pools costs
+one pass, not one each).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from mtp_operator.adapters.kube import urgent_writes
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
@@ -34,17 +37,17 @@ from mtp_operator.naming import (
     pool_key,
 )
 from mtp_operator.planning import PlanError, plan_pool
+from mtp_operator.reconcile_plan import Fold
 from mtp_operator.rollback.policy import (
     NOT_ALLOWED_BY_RESOURCE,
-    Decision,
     PoolRollbackState,
+    RollbackDecision,
     allowed_by_resource,
-    decide,
+    decide_rollback,
 )
 from mtp_operator.rollback.signals import AlertSignal
 from mtp_operator.rollback.state import with_decisions
 from mtp_operator.traffic_classes import class_specs
-from mtp_operator.validation import spec_problems
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +81,7 @@ class NotReady(RuntimeError):
 
 
 @dataclass
-class Outcome:
+class AlertOutcome:
     rolled_back: int = 0
     unchanged: int = 0
     unknown: list[str] = field(default_factory=list)  # "ns/name[/product]" not found
@@ -92,7 +95,7 @@ class _Waiting:
     """One request's signals for one resource, waiting for the resource's lock."""
 
     sigs: list[AlertSignal]
-    outcome: Outcome
+    outcome: AlertOutcome
     done: asyncio.Future[None]
 
 
@@ -114,7 +117,7 @@ class RollbackActions:
         self.namespace_opted_in = namespace_opted_in
         self._waiting: dict[Key, list[_Waiting]] = defaultdict(list)
 
-    async def apply_signals(self, signals: Iterable[AlertSignal]) -> Outcome:
+    async def apply_signals(self, signals: Iterable[AlertSignal]) -> AlertOutcome:
         if not getattr(self.view, "ready", True):
             raise NotReady("operator is still listing the cluster")
         received = time.monotonic()
@@ -126,7 +129,7 @@ class RollbackActions:
             for ns, name in self.view.resource_keys()
             if label_value(name) != name
         }
-        outcome = Outcome()
+        outcome = AlertOutcome()
         for sig in signals:
             ns, name = sig.target.namespace, sig.target.mtpinference
             name = hashed.get((ns, name), name)
@@ -158,13 +161,6 @@ class RollbackActions:
                                       "could not be read", key[0], key[1], len(sigs))
                         outcome.unchanged += len(sigs)
                         return
-                    if self.view.resource(key) is None:
-                        # deleted meanwhile: its slot went with the watch's DELETED event
-                        # (Reconciler.forget); one made again by this request goes too
-                        self.reconciler.forget(key)
-                    elif self.reconciler.slot(key).dirty:
-                        # a reconcile asked for while we held the lock was deferred to us
-                        await self.reconciler.reconcile(key)
 
         # resources are independent: each waits only for its own lock (and a wide request's
         # share of passes)
@@ -172,7 +168,7 @@ class RollbackActions:
         return outcome
 
     async def _drop_namespaces_not_opted_in(
-        self, by_resource: dict[Key, list[AlertSignal]], outcome: Outcome
+        self, by_resource: dict[Key, list[AlertSignal]], outcome: AlertOutcome
     ) -> None:
         """Webhook alerts act only in namespaces that opted in (issue 36): the others' are
         taken out of `by_resource` and counted. The evaluator's signals come from the
@@ -207,47 +203,53 @@ class RollbackActions:
             )
 
     async def _apply_to_resource(
-        self, key: Key, sigs: list[AlertSignal], outcome: Outcome, received: float,
+        self, key: Key, sigs: list[AlertSignal], outcome: AlertOutcome, received: float,
         yields: bool = False,
     ) -> None:
         """Group commit: requests for one resource that wait for its lock meanwhile are
         decided and written together by the first of them to get it (one status write and one
         apply per pool for the lot, instead of one pass each); every request keeps its own
-        outcome and answer."""
+        outcome and answer. The pass is the reconciler's (`Reconciler.fold_pass`)."""
         me = _Waiting(sigs, outcome, asyncio.get_running_loop().create_future())
         self._waiting[key].append(me)
-        body: dict | None = None
+        batch: list[_Waiting] = []
+        body: Mapping[str, Any] | None = None
         records: list = []
-        failed: TransientReconcileError | None = None
-        async with self.reconciler.slot(key).lock:
-            if not me.done.done():  # no earlier holder of the lock took these signals
-                await self._let_arrivals_join(key)
-                batch = self._waiting.pop(key, [])
-                try:
-                    body, records, failed = await self._one_pass(key, batch, received, yields)
-                except BaseException as err:
-                    for w in batch:
-                        if w is not me and isinstance(err, asyncio.CancelledError):
-                            w.done.cancel()
-                        elif w is not me:
-                            w.done.set_exception(err)
-                    raise
-                for w in batch:
-                    if failed is not None:
-                        w.done.set_exception(failed)
-                    else:
-                        w.done.set_result(None)
-        # Events after the lock: the next alert for this resource need not wait for them.
-        # One per pool rolled back: a pass that stepped a pool several times says so once.
-        by_pool: dict[str, list] = defaultdict(list)
-        for rec in records:
-            by_pool[pool_key(rec.gpu_product, rec.traffic_class)].append(rec)
-        for steps in by_pool.values():
-            await self.kube.event(
-                body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back_steps(steps),
-                "Warning",
-            )
-        await me.done  # raises what the pass that took these signals raised
+
+        async def fold() -> Fold | None:
+            nonlocal body, records
+            if me.done.done():  # an earlier holder of the lock took these signals
+                return None
+            await self._let_arrivals_join(key)
+            batch.extend(self._waiting.pop(key, []))
+            try:
+                body, change = await self._decide(key, batch, yields)
+            except BaseException as err:
+                _answer(batch, me, err)
+                raise
+            records = [d.record for d in change.decisions if d.record is not None] if change else []
+            return change
+
+        async def then(error: BaseException | None) -> None:  # under the lock
+            _answer(batch, me, error)
+            if records and error is None:
+                OPERATOR_METRICS.signal_to_patch.observe(time.monotonic() - received)
+
+        async def after(_error: TransientReconcileError | None) -> None:
+            # Events after the lock: the next alert for this resource need not wait for
+            # them. One per pool rolled back: a pass that stepped a pool several times says
+            # so once.
+            by_pool: dict[str, list] = defaultdict(list)
+            for rec in records:
+                by_pool[pool_key(rec.gpu_product, rec.traffic_class)].append(rec)
+            for steps in by_pool.values():
+                await self.kube.event(
+                    body, REASON_SPECULATION_ROLLED_BACK, speculation_rolled_back_steps(steps),
+                    "Warning",
+                )
+            await me.done  # raises what the pass that took these signals raised
+
+        await self.reconciler.fold_pass(key, fold, then, after)
 
     async def _let_arrivals_join(self, key: Key) -> None:
         """Before a pass takes its batch: wait while requests for this resource keep joining
@@ -265,25 +267,25 @@ class RollbackActions:
                 return
             seen = now
 
-    async def _one_pass(
-        self, key: Key, batch: list[_Waiting], received: float, yields: bool = False
-    ) -> tuple[dict | None, list, TransientReconcileError | None]:
-        """Decide every waiting signal of one resource and write them in one reconcile pass
-        (under its lock; with `yields`, the loop is given back every DECISIONS_PER_YIELD
-        signals). Returns (body, rollback records, the pool-write error, if any)."""
+    async def _decide(
+        self, key: Key, batch: list[_Waiting], yields: bool = False
+    ) -> tuple[Mapping[str, Any] | None, Fold | None]:
+        """Decide every waiting signal of one resource (under its lock; with `yields`, the
+        loop is given back every DECISIONS_PER_YIELD signals). Returns the body and what the
+        pass folds into the status (None: no pass), each decision folded once."""
         body = self.view.resource(key)
         if body is None:
             for w in batch:
                 w.outcome.unknown += [f"{key[0]}/{key[1]}"] * len(w.sigs)
-            return None, [], None
-        spec, problems = spec_problems(body.get("spec") or {})
+            return None, None
+        spec, problems = self.reconciler.slot(key).memos.parsed_spec(body)
         if spec is None or problems:
             for w in batch:  # an invalid spec is not acted on until fixed
                 w.outcome.unchanged += len(w.sigs)
-            return body, [], None
+            return body, None
         generation = (body.get("metadata") or {}).get("generation")
-        status = self.reconciler.current_status(key, body)
-        decisions: list[Decision] = []
+        status = persisted = self.reconciler.current_status(key, body)
+        decisions: list[RollbackDecision] = []
         # a pool's state after this batch's earlier signals: status carries the rollback
         # fields but not the K the pass will roll to, so the next signal starts from here
         states: dict[str, PoolRollbackState] = {}
@@ -308,18 +310,20 @@ class RollbackActions:
             if pool is None:
                 outcome.unknown.append(f"{key[0]}/{key[1]}/{product}")
                 continue
-            try:
-                spec_k = plan_pool(
-                    class_specs(spec).get(pool.traffic_class or "", spec), pool.gpu_product,
-                    self.reconciler.settings.gpu_profiles,
-                ).k
-            except PlanError:
-                outcome.unchanged += 1
-                continue
-            state = states.get(product) or PoolRollbackState.from_pool_status(
-                pool, spec_k, spec.speculative.mtp_layers
-            )
-            decision = decide(state, sig, spec.rollback, self.clock(), generation)
+            state = states.get(product)
+            if state is None:
+                try:  # the K the spec gives the pool, once a batch (the pass plans the pin)
+                    spec_k = plan_pool(
+                        class_specs(spec).get(pool.traffic_class or "", spec), pool.gpu_product,
+                        self.reconciler.settings.gpu_profiles,
+                    ).k
+                except PlanError:
+                    outcome.unchanged += 1
+                    continue
+                state = PoolRollbackState.from_pool_status(
+                    pool, spec_k, spec.speculative.mtp_layers
+                )
+            decision = decide_rollback(state, sig, spec.rollback, self.clock(), generation)
             states[product] = decision.state
             after = with_decisions(status, [decision])  # the next signal sees this one
             if after != status:
@@ -335,14 +339,26 @@ class RollbackActions:
             OPERATOR_METRICS.rollbacks.labels(key[0], key[1], product, sig.alert).inc()
             log.warning("%s/%s %s: %s", key[0], key[1], product, decision.reason)
         if not decisions:
-            return body, [], None
-        records = [d.record for d in decisions if d.record is not None]
-        failed: TransientReconcileError | None = None
-        try:
-            # One pass: the decisions into status, exactly the affected pools rolled.
-            await self.reconciler.reconcile_locked(key, decisions)
-        except TransientReconcileError as err:
-            failed = err  # status (with the rollbacks) is written; a pool write failed
-        if records and failed is None:
-            OPERATOR_METRICS.signal_to_patch.observe(time.monotonic() - received)
-        return body, records, failed
+            return body, None
+        # one pass: the decisions into status (as folded here), exactly the affected pools
+        # rolled
+        return body, Fold(decisions, folded=(persisted, status))
+
+
+def _answer(batch: list[_Waiting], me: _Waiting, error: BaseException | None) -> None:
+    """Answer the requests a pass took: all alike when it wrote (or a pool write failed,
+    TransientReconcileError); on any other error the others get it and the request that ran
+    the pass raises it itself."""
+    for w in batch:
+        if w.done.done():
+            continue
+        if error is None:
+            w.done.set_result(None)
+        elif isinstance(error, TransientReconcileError):
+            w.done.set_exception(error)
+        elif w is me:
+            continue
+        elif isinstance(error, asyncio.CancelledError):
+            w.done.cancel()
+        else:
+            w.done.set_exception(error)

@@ -5,8 +5,9 @@ Every `interval` seconds it reads vLLM's /metrics on each Ready pod of each pool
 resource has tuning on (the pods the built-in evaluator reads). Every `observationSeconds`
 it closes a window per group of pods at one K (`tuning.counters`), adds the measurement to the
 pool's table (memory only), and decides (`tuning.decision`). What it decides goes into
-`status.pools[].tuning` under the resource's reconcile lock; the reconciler then plans the
-pool with the tuned K (or a whole-pool trial's K). The spec is never written.
+`status.pools[].tuning` through the reconciler's one way in (`Reconciler.fold_pass`, under
+the resource's reconcile lock); that pass plans the pool with the tuned K (or a whole-pool
+trial's K). The spec is never written.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from mtp_operator.events import (
     REASON_TUNING_TRIAL_STARTED,
 )
 from mtp_operator.naming import canary_pod_name
+from mtp_operator.reconcile_plan import Fold
 from mtp_operator.traffic_classes import class_specs
 from mtp_operator.tuning.capacity import Capacity, window_capacity
 from mtp_operator.tuning.counters import PodSample, pod_k, window_counters
-from mtp_operator.tuning.decision import Trial, decide
+from mtp_operator.tuning.decision import Trial, decide_tuning
 from mtp_operator.tuning.estimator import Measurement, measure
 from mtp_operator.tuning.priors import prior_for
 from mtp_operator.tuning.schedule import recommend_schedule
@@ -159,8 +161,8 @@ class Tuner:
         replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
         hybrid = is_hybrid(spec.model, spec.speculative.method)
         cap = mem.capacity.get(running)
-        d = decide(policy, running, trial, history, mem.table, guard, now, replicas,
-                   prior=prior_for(pool.gpu_product, hybrid), capacity=cap)
+        d = decide_tuning(policy, running, trial, history, mem.table, guard, now, replicas,
+                          prior=prior_for(pool.gpu_product, hybrid), capacity=cap)
         events: list[tuple[str, str, str]] = []
         product = pool.key
         ended_canary = None
@@ -191,25 +193,34 @@ class Tuner:
         entry = published(policy.mode, d, mem.table, trial, history, tuned_k, generation, now,
                           recommend_schedule(mem.table), cap)
         entry = stamped(entry, tuning)  # unchanged but for the time: no status write
-        slot = self.reconciler.slot(key)
-        async with slot.lock:
+        failure: list[BaseException] = []
+
+        async def fold() -> Fold:
             # one reconcile pass folds the entry into status (the one status writer), plans
             # the pool with it (tuned K, whole-pool trial, canary) and writes once
-            try:
-                await self.reconciler.reconcile_locked(key, tuning={product: entry})
-            except Exception as err:  # this resource's failure is its own:
-                # the round goes on for the others (issue 36); the pass's status says it too
-                log.warning("tuning %s/%s pool %s: %s", key[0], key[1], product, err)
-                await self.kube.event(body, REASON_TUNING_FAILED, f"pool {product}: tuning's write "
-                                      f"failed: {err}; retried next window", "Warning")
+            return Fold(tuning={product: entry})
+
+        async def then(error: BaseException | None) -> None:  # under the resource's lock
+            if error is not None:
+                failure.append(error)
                 return
             for reason, message, type_ in events:
                 await self.kube.event(body, reason, message, type_)
             if ended_canary is not None:  # the pool has its replica back: drop the canary
                 await self.kube.delete_pod(key[0], canary_pod_name(
                     key[1], pool.gpu_product, ended_canary, pool.traffic_class))
-        if slot.dirty:  # a reconcile asked for while we held the lock was deferred to us
-            await self.reconciler.reconcile(key)
+
+        try:
+            await self.reconciler.fold_pass(key, fold, then)
+        except Exception:
+            if not failure:  # not the pass's: raised as before
+                raise
+        if failure:  # this resource's failure is its own: the round goes on for the others
+            # (issue 36); the pass's status says it too
+            err = failure[0]
+            log.warning("tuning %s/%s pool %s: %s", key[0], key[1], product, err)
+            await self.kube.event(body, REASON_TUNING_FAILED, f"pool {product}: tuning's write "
+                                  f"failed: {err}; retried next window", "Warning")
 
 
 async def run_tuner(reconciler: Any, view: Any, kube: Any, interval: float) -> None:

@@ -1,7 +1,7 @@
 """What a pool's speculative settings become when a rollback alert arrives. Pure: no I/O, and
 `now` is always an argument.
 
-Both alert sources (Alertmanager's webhook and the built-in evaluator) feed `decide()`:
+Both alert sources (Alertmanager's webhook and the built-in evaluator) feed `decide_rollback()`:
 
 1. Only MTPHitRateLow / MTPErrorPropagationHigh act; a resolved alert changes no K (it marks
    the alert's end in `last_alert_time`, which delays the known-good promotion).
@@ -90,7 +90,7 @@ class PoolRollbackState:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RollbackDecision:
     """The outcome of one signal. Write `state` back even when `new_k` is None (alert times)."""
 
     new_k: int | None  # None: no change; 0: speculation off
@@ -124,8 +124,8 @@ def crosses(alert: str, value: float, spec: RollbackSpec) -> bool:
     return False
 
 
-def _no_change(state: PoolRollbackState, reason: str) -> Decision:
-    return Decision(None, reason, state)
+def _no_change(state: PoolRollbackState, reason: str) -> RollbackDecision:
+    return RollbackDecision(None, reason, state)
 
 
 def shown(value: float, threshold: float) -> str:
@@ -142,13 +142,13 @@ def _later(a: datetime | None, b: datetime) -> datetime:
     return b if a is None or b > a else a
 
 
-def decide(
+def decide_rollback(
     state: PoolRollbackState,
     signal: AlertSignal,
     spec: RollbackSpec,
     now: datetime,
     generation: int | None = None,
-) -> Decision:
+) -> RollbackDecision:
     """The pool's new settings after `signal` (see the module doc for the rules).
 
     `generation` is the resource's metadata.generation; a rollback is pinned to it so that a
@@ -216,7 +216,7 @@ def decide(
         reason=reason,
         via=signal.via,
     )
-    return Decision(to_k, reason, new_state, record)
+    return RollbackDecision(to_k, reason, new_state, record)
 
 
 # spec.rollback.alertNames / alertMatchers refused a signal (counted by the webhook in

@@ -5,8 +5,8 @@ still holds is `policy.effective_k`'s rule (a new spec generation or a new
 `mtp-operator.io/reset-rollback` value undoes it); the known-good K survives both, since it
 is what a later rollback returns to, and advances by `policy.promote_known_good`.
 
-Rollback decisions (`policy.Decision`) are values: `with_decisions` folds them into a status,
-and the reconciler, the one status writer, persists the result.
+Rollback decisions (`policy.RollbackDecision`) are values: `with_decisions` folds them into a
+status, and the reconciler, the one status writer, persists the result.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from mtp_operator.api.v1alpha1 import (
 )
 from mtp_operator.naming import ANNOTATION_RESET_ROLLBACK
 from mtp_operator.rollback.policy import (
-    Decision,
     PoolRollbackState,
+    RollbackDecision,
     effective_k,
     handled_reset_token_after,
     promote_known_good,
@@ -102,7 +102,7 @@ def pool_rollback_state(
 
 
 def with_decisions(
-    status: MTPInferenceStatus, decisions: Iterable[Decision]
+    status: MTPInferenceStatus, decisions: Iterable[RollbackDecision]
 ) -> MTPInferenceStatus:
     """`status` with each decision's pool state written into its pool entry and each
     rollback appended to `rollbacks` (the last MAX_ROLLBACK_HISTORY kept). Decisions for a

@@ -67,7 +67,7 @@ from .priors import CostPrior, prior_fit
 
 Mode = Literal["Off", "Recommend", "Auto"]
 TrialKind = Literal["canary", "pool"]
-Outcome = Literal["adopted", "returned", "aborted"]
+TrialOutcome = Literal["adopted", "returned", "aborted"]
 Action = Literal["hold", "start_trial", "adopt", "return", "abort"]
 
 DAY = timedelta(days=1)
@@ -103,7 +103,7 @@ class Trial:
     started: datetime
     kind: TrialKind
     ended: datetime | None = None
-    outcome: Outcome | None = None
+    outcome: TrialOutcome | None = None
     reason: str = ""
 
 
@@ -126,7 +126,7 @@ class Guard:
 
 
 @dataclass(frozen=True)
-class Decision:
+class TuningDecision:
     action: Action
     k: int  # the incumbent K after this decision
     trial_k: int | None  # start_trial: the K to try
@@ -299,8 +299,10 @@ def median_and_error(ratios: Sequence[float]) -> tuple[float, float]:
     return med, MEDIAN_SE_PER_MAD * mad / math.sqrt(len(ratios))
 
 
-def _judge(policy: Policy, trial: Trial, table: Sequence[Measurement], now: datetime) -> Decision:
-    hold = Decision("hold", trial.from_k, None, None, None, "")
+def _judge(
+    policy: Policy, trial: Trial, table: Sequence[Measurement], now: datetime
+) -> TuningDecision:
+    hold = TuningDecision("hold", trial.from_k, None, None, None, "")
     need = max(1, policy.trial_windows)
     most = TRIAL_EXTEND_FACTOR * need
     pairs = _pairs(trial, table, need)
@@ -315,14 +317,14 @@ def _judge(policy: Policy, trial: Trial, table: Sequence[Measurement], now: date
         if late:
             allowance = (f"{policy.startup_seconds:.0f} s of start-up and "
                          if policy.startup_seconds else "")
-            return Decision(
+            return TuningDecision(
                 "abort", trial.from_k, None, None, None,
                 f"trial of K={trial.k} got no window in {allowance}"
                 f"{TRIAL_TIMEOUT_WINDOWS + need - 1} windows",
             )
         return _with(hold, f"trial of K={trial.k} ({trial.kind}) running, no full window yet")
     if not comparable(*pairs[-1]):
-        return Decision(
+        return TuningDecision(
             "return", trial.from_k, None, None, None,
             f"trial of K={trial.k}: load or traffic changed against the incumbent's window",
         )
@@ -355,16 +357,16 @@ def _judge(policy: Policy, trial: Trial, table: Sequence[Measurement], now: date
         words = (f"K={trial.k} vs K={trial.from_k}: median {_pct(gain)} over {len(kept)} "
                  f"windows ({each}; {where})")
     if gain >= policy.min_gain:
-        return Decision("adopt", trial.k, None, None, trial.k, f"adopted: {words}")
-    return Decision("return", trial.from_k, None, None, None, f"returned: {words}")
+        return TuningDecision("adopt", trial.k, None, None, trial.k, f"adopted: {words}")
+    return TuningDecision("return", trial.from_k, None, None, None, f"returned: {words}")
 
 
-def _with(d: Decision, reason: str) -> Decision:
-    return Decision(d.action, d.k, d.trial_k, d.trial_kind, d.recommended_k, reason,
+def _with(d: TuningDecision, reason: str) -> TuningDecision:
+    return TuningDecision(d.action, d.k, d.trial_k, d.trial_kind, d.recommended_k, reason,
                     d.estimates, d.fit)
 
 
-def decide(
+def decide_tuning(
     policy: Policy,
     running_k: int,
     trial: Trial | None,
@@ -375,14 +377,14 @@ def decide(
     replicas: int,
     prior: CostPrior | None = None,
     capacity: Capacity | None = None,
-) -> Decision:
+) -> TuningDecision:
     """The next step for one pool (module doc). `running_k`: the incumbent K (outside a trial
     the pool's K; in a trial the K the trial returns to)."""
     if policy.mode == "Off":
-        return Decision("hold", running_k, None, None, None, "tuning is off")
+        return TuningDecision("hold", running_k, None, None, None, "tuning is off")
     blocked = guard.blocks(now)
     if trial is not None and blocked:
-        return Decision("abort", trial.from_k, None, None, None,
+        return TuningDecision("abort", trial.from_k, None, None, None,
                         f"trial of K={trial.k} ended: {blocked}")
     current = _latest(table, running_k)
     if trial is not None:
@@ -390,7 +392,7 @@ def decide(
         if verdict.action != "hold" or current is None:
             return verdict
     if current is None:
-        return Decision("hold", running_k, None, None, None,
+        return TuningDecision("hold", running_k, None, None, None,
                         f"measuring K={running_k}: no full window yet")
     comp = seen_at_k0([m for m in table if comparable(m, current)], current,
                       policy.revisit_seconds)
@@ -408,7 +410,7 @@ def decide(
                f"({lost.reason or 'no reason recorded'}); across other windows it reads "
                f"{why}")
         rec = running_k
-    base = Decision("hold", running_k, None, None, rec, why, tuple(ests), fit)
+    base = TuningDecision("hold", running_k, None, None, rec, why, tuple(ests), fit)
     if trial is not None:  # still waiting for its window
         return _with(base, verdict.reason)
     if policy.mode == "Recommend":
@@ -438,5 +440,5 @@ def decide(
     if k is None or k == running_k:
         return _with(base, f"{why}; {reason}")
     kind: TrialKind = "canary" if replicas >= 2 else "pool"
-    return Decision("start_trial", running_k, k, kind, rec, f"trial of K={k}: {reason}",
+    return TuningDecision("start_trial", running_k, k, kind, rec, f"trial of K={k}: {reason}",
                     tuple(ests), fit)

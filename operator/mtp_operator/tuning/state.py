@@ -23,7 +23,7 @@ from mtp_operator.status import SUMMARISED_NOTE, bounded_tuning
 from mtp_operator.timestamps import format_time, parse_time
 
 from .capacity import Capacity
-from .decision import Decision, Guard, Trial
+from .decision import Guard, Trial, TuningDecision
 from .estimator import CostFit, Measurement
 
 
@@ -245,7 +245,7 @@ def _fit(fit: CostFit) -> dict[str, Any]:
 
 def published(
     mode: str,
-    decision: Decision,
+    decision: TuningDecision,
     table: Sequence[Measurement],
     trial: Trial | None,
     history: Sequence[Trial],

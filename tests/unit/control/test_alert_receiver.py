@@ -354,12 +354,12 @@ async def test_reasons_the_handler_ignores_alerts_for_are_answered_and_counted(
     metrics: AlertMetrics, clock: Clock
 ) -> None:
     """The handler refuses alerts for reasons only the resource or its namespace can tell
-    (spec.rollback.alertNames, the namespace's opt-in; control/rollback.Outcome.ignored):
+    (spec.rollback.alertNames, the namespace's opt-in; control/rollback.AlertOutcome.ignored):
     accepted (200, Alertmanager must not retry) and counted like the parser's reasons."""
-    from mtp_operator.control.rollback import Outcome
+    from mtp_operator.control.rollback import AlertOutcome
 
-    async def refusing(signals: list[AlertSignal]) -> Outcome:
-        out = Outcome()
+    async def refusing(signals: list[AlertSignal]) -> AlertOutcome:
+        out = AlertOutcome()
         out.ignored["namespace_not_opted_in"] += len(signals) - 1
         out.ignored["not_allowed_by_resource"] += 1
         return out

@@ -15,6 +15,7 @@ from lightkube import ApiError
 from mtp_operator.api.tuning import PoolTuningStatus, TuningTrial
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.control.rollback import RollbackActions
+from mtp_operator.reconcile_plan import Fold
 from mtp_operator.rollback.signals import AlertSignal, PoolRef
 from mtp_operator.settings import OperatorSettings
 from support.fake_cluster import FakeKube, FakeView, mtpinference, node
@@ -52,7 +53,7 @@ async def canary_running(settings: OperatorSettings | None = None):
     rec = Reconciler(kube, view, settings or OperatorSettings(), clock=lambda: T0)
     await rec.reconcile(KEY)
     view.deliver(kube, ready=True)
-    await rec.reconcile_locked(KEY, tuning={H100: trial_entry()})
+    await rec.reconcile_locked(KEY, Fold(tuning={H100: trial_entry()}))
     view.deliver(kube, ready=True)
     await rec.reconcile(KEY)  # a pass that sees the canary in the watch
     view.deliver(kube, ready=True)
@@ -131,7 +132,7 @@ async def test_a_canary_no_trial_names_is_deleted_by_a_fresh_operator() -> None:
     the canary pod in the watch while no live trial names it deletes it."""
     kube, view, _rec = await canary_running()
     rec = Reconciler(kube, view, OperatorSettings(), clock=lambda: T0)
-    await rec.reconcile_locked(KEY, tuning={H100: trial_entry(trial=False)})
+    await rec.reconcile_locked(KEY, Fold(tuning={H100: trial_entry(trial=False)}))
     assert ("delete_pod", CANARY) in kube.calls
     (said,) = deleted_events(kube)
     assert "no live trial names it" in said, said

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import pytest
 
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
-from mtp_operator.control import pool_writes
 from mtp_operator.control import reconciler as reconciler_module
+from mtp_operator.control import writes
 from mtp_operator.control.reconciler import Reconciler
 from mtp_operator.reconcile_plan import Applied, pass_status, plan_pass, significant
 from mtp_operator.settings import OperatorSettings
@@ -82,7 +82,7 @@ async def test_a_rollout_takes_two_status_writes_when_it_is_quick(monkeypatch) -
     view.deliver(kube, ready=False)  # the Deployment controller: rolled out, pods not ready
     await rec.reconcile(KEY)
     assert kube.count("patch_status") == 1  # progress only: deferred
-    assert rec.slot(KEY).later is not None  # ... to a pass of its own, not dropped
+    assert rec.slot(KEY).turn.later is not None  # ... to a pass of its own, not dropped
     view.deliver(kube, ready=True)
     await rec.reconcile(KEY)
     assert kube.count("patch_status") == 2 and kube.statuses[KEY]["phase"] == "Ready"
@@ -149,7 +149,7 @@ async def test_the_service_is_applied_once_until_the_watch_shows_it_gone(monkeyp
     view.services.discard(KEY)  # someone deleted it, and the watch shows that
     await rec.reconcile(KEY)
     assert service_applies() == 2
-    monkeypatch.setattr(pool_writes, "SERVICE_WATCH_GRACE", 0.0)
+    monkeypatch.setattr(writes, "SERVICE_WATCH_GRACE", 0.0)
     await rec.reconcile(KEY)  # the watch never showed the new one: applied again after grace
     assert service_applies() == 3
     rec.forget(KEY)

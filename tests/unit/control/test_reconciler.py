@@ -141,7 +141,7 @@ async def test_a_pool_status_change_does_not_diff_the_pool_again(cluster, monkey
     await rec.reconcile(KEY)
     assert len(diffs) == 2 and kube.statuses[KEY]["phase"] == "Ready"
     # the memo now holds the copies the watch brought, not the older equal ones (memory)
-    for product, (_, spec, _, _) in rec.slot(KEY).drift_memo.items():
+    for product, (_, spec, _, _) in rec.slot(KEY).memos.drift.items():
         assert spec is view.deployments[KEY][product]["spec"]
     # a hand edit, arriving as the watch brings it: a new body (watched bodies are never
     # changed in place; the memo holds the one it last compared)
@@ -203,7 +203,7 @@ async def test_rendered_objects_are_not_held_between_passes(cluster, monkeypatch
                         lambda *a, **kw: renders.append(1) or real(*a, **kw))
     await rec.reconcile(KEY)  # creates both pools
     assert len(renders) == 1 and kube.count("apply") == 3
-    desired = rec.slot(KEY).desired_memo
+    desired = rec.slot(KEY).memos.desired
     assert desired is not None and desired._objects is None
     view.deliver(kube)
     await rec.reconcile(KEY)  # the watched pools, new to the drift memo: compared
@@ -211,7 +211,7 @@ async def test_rendered_objects_are_not_held_between_passes(cluster, monkeypatch
     view.deliver(kube, ready=True)  # only the Deployments' status changed
     await rec.reconcile(KEY)
     assert len(renders) == 2 and kube.statuses[KEY]["phase"] == "Ready"
-    assert rec.slot(KEY).desired_memo is desired and desired._objects is None
+    assert rec.slot(KEY).memos.desired is desired and desired._objects is None
     assert kube.count("apply") == 3
     # a hand edit is compared against objects rendered again, and reverted
     edited = copy.deepcopy(view.deployments[KEY][H100])
@@ -232,8 +232,8 @@ async def test_a_pool_event_with_nothing_new_moves_what_was_read_to_the_new_copy
     await rec.reconcile(KEY)
     slot = rec.slot(KEY)
     old = view.deployments[KEY][H100]
-    assert slot.seen_pools[H100][1][1] is old["spec"]
-    assert slot.drift_memo[H100][1] is old["spec"]
+    assert slot.seen.pools[H100][1][1] is old["spec"]
+    assert slot.memos.drift[H100][1] is old["spec"]
     new = copy.deepcopy(old)
     new["metadata"]["resourceVersion"] = str(int(old["metadata"]["resourceVersion"]) + 1)
     new["status"]["conditions"] = [{"type": "Available", "status": "True",
@@ -241,9 +241,9 @@ async def test_a_pool_event_with_nothing_new_moves_what_was_read_to_the_new_copy
     view.deployments[KEY][H100] = new
     rec.pool_seen(KEY, new)
     assert not rec.pool_news(KEY, new)
-    assert slot.seen_pools[H100][1][1] is new["spec"]
-    assert slot.seen_pools[H100][0] == int(new["metadata"]["resourceVersion"])
-    memo = slot.drift_memo[H100]
+    assert slot.seen.pools[H100][1][1] is new["spec"]
+    assert slot.seen.pools[H100][0] == int(new["metadata"]["resourceVersion"])
+    memo = slot.memos.drift[H100]
     ours = new["metadata"]["annotations"]
     assert memo[1] is new["spec"]
     assert memo[2] == (ours[ANNOTATION_SETTINGS_HASH], ours[ANNOTATION_COMMAND])
@@ -255,7 +255,7 @@ async def test_a_pool_event_with_nothing_new_moves_what_was_read_to_the_new_copy
     edited["metadata"]["resourceVersion"] = str(int(new["metadata"]["resourceVersion"]) + 1)
     edited["spec"]["replicas"] = 3
     assert rec.pool_news(KEY, edited)
-    assert slot.seen_pools[H100][1][1] is new["spec"]
+    assert slot.seen.pools[H100][1][1] is new["spec"]
 
 
 async def test_a_pass_with_nothing_to_write_runs_through_without_yielding(cluster) -> None:
@@ -295,19 +295,19 @@ async def test_once_the_watch_shows_a_pool_no_copy_a_write_returned_is_kept(clus
     await rec.reconcile(KEY)
     await rec.reconcile(KEY)  # no watch event yet: the memo compared our copies
     slot = rec.slot(KEY)
-    ours = {p: body["spec"] for p, body in slot.pools.items()}
+    ours = {p: body["spec"] for p, body in slot.ours.pools.items()}
     assert set(ours) == {H100, L40S}
-    assert all(slot.drift_memo[p][1] is ours[p] for p in ours)
+    assert all(slot.memos.drift[p][1] is ours[p] for p in ours)
     view.deliver(kube)
     for product in (H100, L40S):
         watched = view.deployments[KEY][product]
         assert not rec.pool_news(KEY, watched)  # the version the last pass saw
         rec.pool_seen(KEY, watched)
-    assert slot.pools == {}
-    assert all(memo[1] is not ours.get(p) for p, memo in slot.drift_memo.items())
+    assert slot.ours.pools == {}
+    assert all(memo[1] is not ours.get(p) for p, memo in slot.memos.drift.items())
     await rec.reconcile(KEY)  # the next pass compares the watched copies: nothing to write
     assert kube.count("apply") == 3
-    assert {p: m[1] is view.deployments[KEY][p]["spec"] for p, m in slot.drift_memo.items()} \
+    assert {p: m[1] is view.deployments[KEY][p]["spec"] for p, m in slot.memos.drift.items()} \
         == {H100: True, L40S: True}
 
 
@@ -394,8 +394,9 @@ def test_desired_objects_are_the_builders_own(cluster) -> None:
     _kube, _view, rec = cluster
     spec = MTPInferenceSpec.model_validate(SPEC)
     plan = plan_pass(spec, [], [node("h1", H100)], MTPInferenceStatus(), {}, {}, T0)
-    rec._spec(KEY, {"spec": SPEC})
-    desired = rec._desired(KEY, "uid-res", spec, plan.pools)
+    memos = rec.slot(KEY).memos
+    memos.parsed_spec({"spec": SPEC})
+    desired = memos.desired_set(KEY, "uid-res", spec, plan.pools, rec.settings)
     want = builders.desired_objects(
         "res", "ml", "uid-res", spec, plan.pools, OperatorSettings().default_image, {}
     )
@@ -403,7 +404,7 @@ def test_desired_objects_are_the_builders_own(cluster) -> None:
     assert desired.hashes == tuple(
         d["metadata"]["annotations"][ANNOTATION_SETTINGS_HASH] for d in want[1:]
     )
-    assert rec._desired(KEY, "uid-res", spec, plan.pools) is desired  # reused while unchanged
+    assert memos.desired_set(KEY, "uid-res", spec, plan.pools, rec.settings) is desired  # reused
     desired.release()  # let go after a pass; rendered again, equal, when a pass needs them
     assert desired.objects() == want
 

@@ -186,7 +186,7 @@ async def test_requests_waiting_for_one_resource_are_written_in_one_pass(serving
     import asyncio
 
     kube, _view, actions, _clock = serving
-    async with actions.reconciler.slot(KEY).lock:
+    async with actions.reconciler.slot(KEY).turn.lock:
         first = asyncio.create_task(actions.apply_signals([low_hit_rate(H100)]))
         second = asyncio.create_task(actions.apply_signals([low_hit_rate(L40S), low_hit_rate(
             "NVIDIA-B200")]))
@@ -328,7 +328,7 @@ async def test_a_rollback_write_does_not_wait_behind_a_rollouts_writes(serving) 
 
     kube, view, actions, _clock = serving
     reconciler = actions.reconciler
-    reconciler._bulk_writes = asyncio.Semaphore(2)
+    reconciler.writes.pools.bulk_writes = asyncio.Semaphore(2)
     gate = asyncio.Event()
     real_apply = kube.apply
     in_flight: list[str] = []
@@ -386,7 +386,7 @@ async def test_unknown_targets_cost_no_memory_and_little_time(serving) -> None:
 
 async def test_a_resource_deleted_during_a_request_leaves_no_slot(serving) -> None:
     _kube, view, actions, _clock = serving
-    async with actions.reconciler.slot(KEY).lock:
+    async with actions.reconciler.slot(KEY).turn.lock:
         task = asyncio.create_task(actions.apply_signals([low_hit_rate()]))
         for _ in range(5):
             await asyncio.sleep(0)
@@ -458,14 +458,14 @@ async def test_one_resource_whose_state_cannot_be_read_does_not_fail_the_request
     view.add(mtpinference("other", {"model": "org/model", "tensorParallelSize": 8}))
     await actions.reconciler.reconcile(("ml", "other"))
     view.deliver(kube, ready=True)
-    real = control_rollback.decide
+    real = control_rollback.decide_rollback
 
-    def decide(state, signal, *a, **kw):
+    def decide_rollback(state, signal, *a, **kw):
         if signal.target.mtpinference == "res":
             raise ValueError("a state nobody foresaw")
         return real(state, signal, *a, **kw)
 
-    monkeypatch.setattr(control_rollback, "decide", decide)
+    monkeypatch.setattr(control_rollback, "decide_rollback", decide_rollback)
     caplog.set_level(logging.WARNING, logger="mtp_operator")
     outcome = await actions.apply_signals([low_hit_rate(), low_hit_rate(name="other")])
     assert (outcome.rolled_back, outcome.unchanged, outcome.unknown) == (1, 1, [])

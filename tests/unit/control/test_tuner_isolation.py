@@ -38,7 +38,7 @@ async def test_a_failing_resource_does_not_stop_the_round(monkeypatch, failing: 
     real = rec.reconcile_locked
 
     async def reconcile_locked(key, *a, **kw):
-        if key == ("ml", failing) and kw.get("tuning"):
+        if key == ("ml", failing) and a and a[0].tuning:
             raise TransientReconcileError("422: Deployment.apps is invalid: injected")
         return await real(key, *a, **kw)
 

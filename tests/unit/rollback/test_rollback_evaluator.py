@@ -8,7 +8,7 @@ import pytest
 
 from mtp_operator.api.v1alpha1 import RollbackSpec
 from mtp_operator.rollback.evaluation import PoolEvaluator, pool_snapshot
-from mtp_operator.rollback.policy import PoolRollbackState, decide
+from mtp_operator.rollback.policy import PoolRollbackState, decide_rollback
 from mtp_operator.rollback.signals import ERROR_PROPAGATION_HIGH, HIT_RATE_LOW, PoolRef
 from mtp_runtime.figures import accepted_prefix_counts
 from mtp_runtime.spec_decode import SpecCounters
@@ -183,7 +183,7 @@ def test_evaluator_signal_drives_the_policy() -> None:
     changes = []
     for t, e in run(ev, pod, 0, 1200, drafts(6, 0.7), k=6):
         for s in e.signals:
-            d = decide(state, s, SPEC, at(t))
+            d = decide_rollback(state, s, SPEC, at(t))
             state = d.state
             if d.changed:
                 changes.append((t, d.new_k, d.record.via))

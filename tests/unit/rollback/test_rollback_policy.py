@@ -10,7 +10,7 @@ import pytest
 from mtp_operator.api.v1alpha1 import PoolStatus, RollbackRecord, RollbackSpec
 from mtp_operator.rollback.policy import (
     PoolRollbackState,
-    decide,
+    decide_rollback,
     effective_k,
     known_good_due,
     next_lower_k,
@@ -49,18 +49,18 @@ def test_step_down_chain_to_off_then_nothing() -> None:
     state, t, seen = pool(6), 0.0, [6]
     for _ in range(6):
         t += SPEC.cooldown_seconds  # each alert comes just as the cooldown ends
-        d = decide(state, firing(), SPEC, at(t), generation=3)
+        d = decide_rollback(state, firing(), SPEC, at(t), generation=3)
         assert d.changed
         state = d.state
         seen.append(d.new_k)
     assert seen == [6, 5, 4, 3, 2, 1, 0]
     assert state.rollback_k == 0 and state.rollback_generation == 3
-    last = decide(state, firing(), SPEC, at(t + 10_000))
+    last = decide_rollback(state, firing(), SPEC, at(t + 10_000))
     assert not last.changed and last.reason == "speculation already off"
 
 
 def test_rollback_record_and_state() -> None:
-    d = decide(pool(6), firing(value=0.7), SPEC, at(60), generation=7)
+    d = decide_rollback(pool(6), firing(value=0.7), SPEC, at(60), generation=7)
     assert d.new_k == 5
     assert d.record == RollbackRecord(
         time="2026-11-29T12:01:00Z",
@@ -87,27 +87,27 @@ def test_rollback_record_and_state() -> None:
 
 
 def test_error_propagation_alert_and_evaluator_source() -> None:
-    d = decide(pool(6), firing(ERROR_PROPAGATION_HIGH, 0.55, via="evaluator"), SPEC, at(1))
+    d = decide_rollback(pool(6), firing(ERROR_PROPAGATION_HIGH, 0.55, via="evaluator"), SPEC, at(1))
     assert d.new_k == 5
     assert d.record is not None and d.record.via == "evaluator"
     assert d.record.reason == "MTPErrorPropagationHigh 0.55 > 0.4: stepped K down 6->5"
 
 
 def test_known_good_restored_when_lower() -> None:
-    d = decide(pool(6, known_good_k=3), firing(), SPEC, at(1))
+    d = decide_rollback(pool(6, known_good_k=3), firing(), SPEC, at(1))
     assert d.new_k == 3 and "restored known-good K=3" in d.reason
     # known-good equal to the current K (the running settings were good): step down instead
-    d = decide(pool(6, known_good_k=6), firing(), SPEC, at(1))
+    d = decide_rollback(pool(6, known_good_k=6), firing(), SPEC, at(1))
     assert d.new_k == 5 and "stepped" in d.reason
     # a higher known-good K would answer an alert by speculating more: step down instead
-    d = decide(pool(2, known_good_k=4), firing(), SPEC, at(1))
+    d = decide_rollback(pool(2, known_good_k=4), firing(), SPEC, at(1))
     assert d.new_k == 1
     # known-good is kept through the rollback
     assert d.state.known_good_k == 4
 
 
 def test_known_good_invalid_for_the_depth_is_skipped() -> None:
-    d = decide(pool(8, known_good_k=3, mtp_layers=2), firing(), SPEC, at(1))
+    d = decide_rollback(pool(8, known_good_k=3, mtp_layers=2), firing(), SPEC, at(1))
     assert d.new_k == 6
 
 
@@ -117,48 +117,48 @@ def test_depth_rule_when_stepping_down() -> None:
     assert [next_lower_k(k, None) for k in (6, 1)] == [5, 0]
     state, chain = pool(6, mtp_layers=2), []
     for i in range(5):
-        d = decide(state, firing(), SPEC, at(1000 * (i + 1)))
+        d = decide_rollback(state, firing(), SPEC, at(1000 * (i + 1)))
         state = d.state
         chain.append(d.new_k)
     assert chain == [4, 2, 1, 0, None]
 
 
 def test_cooldown_and_duplicate_alerts() -> None:
-    first = decide(pool(6), firing(), SPEC, at(100))
+    first = decide_rollback(pool(6), firing(), SPEC, at(100))
     assert first.new_k == 5
     # the same alert again (Alertmanager retry, HA pair, repeat): nothing twice
     for dt in (0, 1, 150, SPEC.cooldown_seconds - 1):
-        d = decide(first.state, firing(), SPEC, at(100 + dt))
+        d = decide_rollback(first.state, firing(), SPEC, at(100 + dt))
         until = format_time(at(100 + SPEC.cooldown_seconds))
         assert not d.changed and d.reason == f"in cooldown until {until}"
         assert d.state.current_k == 5
         assert d.state.last_alert_time == at(100 + dt)  # still counts against known-good
     # still firing once the cooldown is over: the new settings are bad too → next step
-    d = decide(first.state, firing(), SPEC, at(100 + SPEC.cooldown_seconds))
+    d = decide_rollback(first.state, firing(), SPEC, at(100 + SPEC.cooldown_seconds))
     assert d.new_k == 4
 
 
 def test_cooldown_zero_acts_on_every_firing_signal() -> None:
     spec = RollbackSpec(cooldown_seconds=0)
-    d1 = decide(pool(6), firing(), spec, at(1))
-    d2 = decide(d1.state, firing(), spec, at(1))
+    d1 = decide_rollback(pool(6), firing(), spec, at(1))
+    d2 = decide_rollback(d1.state, firing(), spec, at(1))
     assert (d1.new_k, d2.new_k) == (5, 4)
 
 
 def test_resolved_changes_no_k_but_marks_the_alert_end() -> None:
     resolved = replace(firing(), status="resolved", ends_at=at(50))
-    d = decide(pool(6), resolved, SPEC, at(80))
+    d = decide_rollback(pool(6), resolved, SPEC, at(80))
     assert not d.changed and d.reason == "MTPHitRateLow resolved"
     assert d.state.last_alert_time == at(50)
     # endsAt in the future (clock skew) is clipped to now; repeated → idempotent
     late = replace(resolved, ends_at=at(500))
-    d2 = decide(d.state, late, SPEC, at(90))
+    d2 = decide_rollback(d.state, late, SPEC, at(90))
     assert d2.state.last_alert_time == at(90)
-    assert decide(d2.state, late, SPEC, at(90)).state == d2.state
+    assert decide_rollback(d2.state, late, SPEC, at(90)).state == d2.state
 
 
 def test_disabled() -> None:
-    d = decide(pool(6), firing(), RollbackSpec(enabled=False), at(1))
+    d = decide_rollback(pool(6), firing(), RollbackSpec(enabled=False), at(1))
     assert not d.changed and "disabled" in d.reason
     assert d.state.current_k == 6 and d.state.last_alert_time == at(1)
 
@@ -166,7 +166,7 @@ def test_disabled() -> None:
 @pytest.mark.parametrize("value", [None, float("nan")])
 def test_no_data_never_rolls_back(value: float | None) -> None:
     state = pool(6)
-    d = decide(state, firing(value=value), SPEC, at(1))
+    d = decide_rollback(state, firing(value=value), SPEC, at(1))
     assert not d.changed and "no data" in d.reason and d.state == state
 
 
@@ -174,32 +174,32 @@ def test_no_data_never_rolls_back(value: float | None) -> None:
 @pytest.mark.parametrize("which", [HIT_RATE_LOW, ERROR_PROPAGATION_HIGH])
 def test_impossible_values_never_roll_back(value: float, which: str) -> None:
     state = pool(6)
-    d = decide(state, firing(which, value), SPEC, at(1))
+    d = decide_rollback(state, firing(which, value), SPEC, at(1))
     assert not d.changed and d.state == state
     assert "outside [0, 1]" in d.reason or "no data" in d.reason
 
 
 def test_the_reason_never_rounds_a_value_onto_its_threshold() -> None:
-    d = decide(pool(6), firing(value=0.879996), SPEC, at(1))
+    d = decide_rollback(pool(6), firing(value=0.879996), SPEC, at(1))
     assert d.changed and d.record is not None
     assert "0.879996 < 0.88" in d.reason and "0.88 < 0.88" not in d.reason
-    d = decide(pool(6), firing(value=0.61), SPEC, at(1))
+    d = decide_rollback(pool(6), firing(value=0.61), SPEC, at(1))
     assert "0.61 < 0.88" in d.reason
 
 
 def test_resource_thresholds_decide() -> None:
     loose = RollbackSpec(min_hit_rate=0.6, max_error_propagation_rate=0.6)
-    d = decide(pool(6), firing(value=0.7), loose, at(1))
+    d = decide_rollback(pool(6), firing(value=0.7), loose, at(1))
     assert not d.changed and "within this resource's threshold 0.6" in d.reason
     assert d.state.last_alert_time is None  # healthy by this resource's standard
-    d = decide(pool(6), firing(ERROR_PROPAGATION_HIGH, 0.5), loose, at(1))
+    d = decide_rollback(pool(6), firing(ERROR_PROPAGATION_HIGH, 0.5), loose, at(1))
     assert not d.changed
-    d = decide(pool(6), firing(value=0.5), loose, at(1))
+    d = decide_rollback(pool(6), firing(value=0.5), loose, at(1))
     assert d.new_k == 5 and d.record is not None and d.record.threshold == 0.6
 
 
 def test_other_alerts_are_ignored() -> None:
-    d = decide(pool(6), replace(firing(), alert="KubePodCrashLooping"), SPEC, at(1))
+    d = decide_rollback(pool(6), replace(firing(), alert="KubePodCrashLooping"), SPEC, at(1))
     assert not d.changed and d.state == pool(6)
 
 
@@ -222,11 +222,11 @@ def test_known_good_promotion_hysteresis() -> None:
 def test_flapping_pool_is_rolled_back_once_per_alert() -> None:
     # alert at t=0 → K 6→5; the alert resolves at 4 min; the pool runs quietly.
     state = pool(6, known_good_k=None)
-    d = decide(state, firing(), SPEC, at(0))
+    d = decide_rollback(state, firing(), SPEC, at(0))
     state = d.state
     assert state.current_k == 5
     resolved = replace(firing(), status="resolved", ends_at=at(240))
-    state = decide(state, resolved, SPEC, at(250)).state
+    state = decide_rollback(state, resolved, SPEC, at(250)).state
     # time passes with no new alert: no signal → no call → nothing changes; after the
     # stabilization period K=5 becomes known-good
     state = promote_known_good(state, at(240 + 599), SPEC)
@@ -234,19 +234,19 @@ def test_flapping_pool_is_rolled_back_once_per_alert() -> None:
     state = promote_known_good(state, at(240 + 600), SPEC)
     assert state.known_good_k == 5 and state.current_k == 5
     # a late duplicate of the old firing notification within cooldown does nothing
-    assert not decide(state, firing(), SPEC, at(200)).changed
+    assert not decide_rollback(state, firing(), SPEC, at(200)).changed
     # the alert flaps back much later: one step, from the known-good settings
-    d = decide(state, firing(), SPEC, at(3600))
+    d = decide_rollback(state, firing(), SPEC, at(3600))
     assert d.new_k == 4
     # … and not again while it keeps flapping within the cooldown
     for t in (3610, 3700, 3800):
-        assert not decide(d.state, firing(), SPEC, at(t)).changed
+        assert not decide_rollback(d.state, firing(), SPEC, at(t)).changed
 
 
 def test_user_reset_then_alert_restores_known_good() -> None:
     # after 6→5 and 5 stable, the user resets to 6; the alert fires again → straight to 5
     state = replace(pool(6), known_good_k=5, last_rollback_time=at(-3600))
-    d = decide(state, firing(), SPEC, at(0))
+    d = decide_rollback(state, firing(), SPEC, at(0))
     assert d.new_k == 5 and "restored known-good K=5" in d.reason
 
 

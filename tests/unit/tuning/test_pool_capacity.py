@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mtp_operator.tuning.capacity import Capacity, window_capacity
 from mtp_operator.tuning.counters import PodSample, pod_sample
-from mtp_operator.tuning.decision import Guard, Policy, decide
+from mtp_operator.tuning.decision import Guard, Policy, decide_tuning
 from mtp_operator.tuning.estimator import measure
 from mtp_operator.tuning.state import published
 from mtp_runtime.spec_decode import SpecCounters
@@ -73,7 +73,7 @@ def _decide(capacity: Capacity | None):
     p = Policy("Auto", (0, 1, 2, 3, 4), observation_seconds=300.0)
     table = [measure(DEEP.window(4, T0.timestamp() - 900, 300.0, 2)),
              measure(DEEP.window(1, T0.timestamp() - 300, 300.0, 2))]
-    return decide(p, 1, None, [], table, Guard(), T0, 2, capacity=capacity)
+    return decide_tuning(p, 1, None, [], table, Guard(), T0, 2, capacity=capacity)
 
 
 def test_at_capacity_no_deeper_trial() -> None:

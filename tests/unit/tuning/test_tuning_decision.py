@@ -13,7 +13,7 @@ from itertools import pairwise
 
 import pytest
 
-from mtp_operator.tuning.decision import Guard, Policy, Trial, decide, next_trial, recommend
+from mtp_operator.tuning.decision import Guard, Policy, Trial, decide_tuning, next_trial, recommend
 from mtp_operator.tuning.estimator import Estimate, estimates, measure
 from support.tuning_sim import SimPool, drive, linear_cost
 
@@ -108,18 +108,19 @@ def _table(sim, ks, replicas=1):
 
 
 def test_off_does_nothing():
-    d = decide(policy(range(5), "Off"), 3, None, [], _table(LINEAR, [3]), Guard(), T0, 2)
+    d = decide_tuning(policy(range(5), "Off"), 3, None, [], _table(LINEAR, [3]), Guard(), T0, 2)
     assert d.action == "hold" and d.recommended_k is None and d.reason == "tuning is off"
 
 
 def test_recommend_publishes_and_never_trials():
     table = _table(LINEAR, [3, 1, 0])
-    d = decide(policy(range(5), "Recommend"), 1, None, [], table[:1] + table[1:], Guard(),
+    d = decide_tuning(policy(range(5), "Recommend"), 1, None, [], table[:1] + table[1:], Guard(),
                T0 + timedelta(hours=1), 2)
     assert d.action == "hold"
     assert d.recommended_k == best_k(LINEAR, range(4))  # K=4 extrapolated: +1 %, under minGain
     assert d.estimates and d.fit is not None
-    d = decide(policy(range(5), "Recommend"), 3, None, [], _table(LINEAR, [3]), Guard(), T0, 2)
+    d = decide_tuning(policy(range(5), "Recommend"), 3, None, [], _table(LINEAR, [3]), Guard(),
+                      T0, 2)
     assert d.action == "hold" and d.recommended_k == 3
     assert "K=3" in d.reason
 
@@ -142,19 +143,20 @@ def test_canary_judged_against_the_same_window():
     inc = measure(LINEAR.window(3, started.timestamp(), SPAN, 1))
     worse = measure(LINEAR.window(1, started.timestamp(), SPAN, 1))
     now = started + timedelta(seconds=SPAN)
-    d = decide(ONE_WINDOW, 3, _trial(), [], [inc, worse], Guard(), now, 2)
+    d = decide_tuning(ONE_WINDOW, 3, _trial(), [], [inc, worse], Guard(), now, 2)
     assert d.action == "return" and d.k == 3 and "same window" in d.reason
     better = measure(DEEP_WINS.window(4, started.timestamp(), SPAN, 1))
     inc2 = measure(DEEP_WINS.window(1, started.timestamp(), SPAN, 1))
-    d = decide(ONE_WINDOW, 1, _trial(4, 1), [], [inc2, better], Guard(), now, 2)
+    d = decide_tuning(ONE_WINDOW, 1, _trial(4, 1), [], [inc2, better], Guard(), now, 2)
     assert d.action == "adopt" and d.k == 4 and d.recommended_k == 4
 
 
 def test_canary_waits_for_its_window_and_times_out():
     inc = measure(LINEAR.window(3, T0.timestamp() - SPAN, SPAN, 1))
-    d = decide(policy(range(5)), 3, _trial(), [], [inc], Guard(), T0 + timedelta(seconds=60), 2)
+    d = decide_tuning(policy(range(5)), 3, _trial(), [], [inc], Guard(),
+                      T0 + timedelta(seconds=60), 2)
     assert d.action == "hold" and "no full window yet" in d.reason
-    d = decide(policy(range(5)), 3, _trial(), [], [inc], Guard(), T0 + timedelta(hours=1), 2)
+    d = decide_tuning(policy(range(5)), 3, _trial(), [], [inc], Guard(), T0 + timedelta(hours=1), 2)
     assert d.action == "abort" and d.k == 3
 
 
@@ -163,12 +165,12 @@ def test_a_trial_waits_for_its_pods_to_start_before_its_windows_count():
     inc = measure(LINEAR.window(3, T0.timestamp() - SPAN, SPAN, 1))
     slow = policy(range(5), startup_seconds=1800, trial_windows=1)
     limit = 1800 + 3 * SPAN
-    d = decide(slow, 3, _trial(), [], [inc], Guard(), T0 + timedelta(seconds=limit - 1), 2)
+    d = decide_tuning(slow, 3, _trial(), [], [inc], Guard(), T0 + timedelta(seconds=limit - 1), 2)
     assert d.action == "hold", d
-    d = decide(slow, 3, _trial(), [], [inc], Guard(), T0 + timedelta(seconds=limit + 1), 2)
+    d = decide_tuning(slow, 3, _trial(), [], [inc], Guard(), T0 + timedelta(seconds=limit + 1), 2)
     assert d.action == "abort" and "1800 s of start-up and 3 windows" in d.reason
     # without the allowance, three windows alone
-    d = decide(ONE_WINDOW, 3, _trial(), [], [inc], Guard(),
+    d = decide_tuning(ONE_WINDOW, 3, _trial(), [], [inc], Guard(),
                T0 + timedelta(seconds=3 * SPAN + 1), 2)
     assert d.action == "abort"
 
@@ -176,7 +178,7 @@ def test_a_trial_waits_for_its_pods_to_start_before_its_windows_count():
 def test_whole_pool_trial_compares_with_the_window_before_it():
     before = measure(DEEP_WINS.window(1, T0.timestamp() - SPAN, SPAN, 1))
     during = measure(DEEP_WINS.window(4, T0.timestamp(), SPAN, 1))
-    d = decide(ONE_WINDOW, 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
+    d = decide_tuning(ONE_WINDOW, 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
                T0 + timedelta(seconds=SPAN), 1)
     assert d.action == "adopt" and "whole pool" in d.reason
 
@@ -186,12 +188,12 @@ def test_rollback_wins():
     now = T0 + timedelta(seconds=SPAN)
     for guard in (Guard(alert_firing=True), Guard(rollback_pinned=True),
                   Guard(cooldown_until=now + timedelta(seconds=1))):
-        d = decide(policy(range(5)), 3, _trial(), [], table, guard, now, 2)
+        d = decide_tuning(policy(range(5)), 3, _trial(), [], table, guard, now, 2)
         assert d.action == "abort" and d.k == 3
-        d = decide(policy(range(5)), 3, None, [], table, guard, now, 2)
+        d = decide_tuning(policy(range(5)), 3, None, [], table, guard, now, 2)
         assert d.action == "hold" and "no trial" in d.reason
     # cooldown over: a trial may start
-    d = decide(policy(range(5)), 3, None, [], table, Guard(cooldown_until=now), now, 2)
+    d = decide_tuning(policy(range(5)), 3, None, [], table, Guard(cooldown_until=now), now, 2)
     assert d.action == "start_trial"
 
 
@@ -200,15 +202,15 @@ def test_trial_budget_and_settling():
     now = T0 + timedelta(hours=5)
     done = [Trial(1, 3, now - timedelta(hours=h), "canary", now - timedelta(hours=h) +
                   timedelta(seconds=SPAN), "returned") for h in (1, 2)]
-    d = decide(policy(range(5), max_trials_per_day=2), 3, None, done, table, Guard(), now, 2)
+    d = decide_tuning(policy(range(5), max_trials_per_day=2), 3, None, done, table, Guard(), now, 2)
     assert d.action == "hold" and "maxTrialsPerDay" in d.reason
     old = [Trial(1, 3, now - timedelta(hours=25), "canary", now - timedelta(hours=24),
                  "returned")]
-    d = decide(policy(range(5), max_trials_per_day=1), 3, None, old, table, Guard(), now, 2)
+    d = decide_tuning(policy(range(5), max_trials_per_day=1), 3, None, old, table, Guard(), now, 2)
     assert d.action == "start_trial"
     recent = [Trial(1, 3, now - timedelta(seconds=400), "canary",
                     now - timedelta(seconds=100), "returned")]
-    d = decide(policy(range(5)), 3, None, recent, table, Guard(), now, 2)
+    d = decide_tuning(policy(range(5)), 3, None, recent, table, Guard(), now, 2)
     assert d.action == "hold" and "settling" in d.reason
 
 
@@ -222,7 +224,7 @@ def test_next_trial_from_nothing_measured_at_k_above_zero():
 
 
 def test_no_measurement_yet_holds():
-    d = decide(policy(range(5)), 3, None, [], [], Guard(), T0, 2)
+    d = decide_tuning(policy(range(5)), 3, None, [], [], Guard(), T0, 2)
     assert d.action == "hold" and "no full window yet" in d.reason
 
 
@@ -231,7 +233,7 @@ def test_an_aborted_k_is_not_tried_again_that_day():
     now = T0 + timedelta(hours=1)
     aborted = [Trial(1, 3, now - timedelta(minutes=30), "canary", now - timedelta(minutes=20),
                      "aborted")]
-    d = decide(policy(range(5)), 3, None, aborted, table, Guard(), now, 2)
+    d = decide_tuning(policy(range(5)), 3, None, aborted, table, Guard(), now, 2)
     # 1 skipped; 2 and 4 are equally far from 3: the smaller first
     assert d.action == "start_trial" and d.trial_k == 2
 
@@ -240,7 +242,7 @@ def test_whole_pool_trial_started_within_the_second_its_incumbent_window_ended()
     # the trial's start comes back from status to the second; the window ended 0.6 s later
     before = measure(DEEP_WINS.window(1, T0.timestamp() - SPAN + 0.6, SPAN, 1))
     during = measure(DEEP_WINS.window(4, T0.timestamp() + 1.0, SPAN, 1))
-    d = decide(ONE_WINDOW, 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
+    d = decide_tuning(ONE_WINDOW, 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
                T0 + timedelta(seconds=SPAN + 2), 1)
     assert d.action == "adopt"
 
@@ -268,13 +270,13 @@ def test_one_slow_window_does_not_return_a_better_k():
     p3, p1 = policy(range(5)), policy(range(5), trial_windows=1)
     assert p3.trial_windows == 3  # the default
     # judged on its second window alone, the trial would go back
-    d = decide(p1, 1, _trial(4, 1), [], table[2:4], Guard(), at[1], 2)
+    d = decide_tuning(p1, 1, _trial(4, 1), [], table[2:4], Guard(), at[1], 2)
     assert d.action == "return", d
-    d = decide(p3, 1, _trial(4, 1), [], table[:2], Guard(), at[0], 2)
+    d = decide_tuning(p3, 1, _trial(4, 1), [], table[:2], Guard(), at[0], 2)
     assert d.action == "hold" and "1 of 3 windows" in d.reason
-    d = decide(p3, 1, _trial(4, 1), [], table[:4], Guard(), at[1], 2)
+    d = decide_tuning(p3, 1, _trial(4, 1), [], table[:4], Guard(), at[1], 2)
     assert d.action == "hold" and "2 of 3 windows" in d.reason
-    d = decide(p3, 1, _trial(4, 1), [], table, Guard(), at[2], 2)
+    d = decide_tuning(p3, 1, _trial(4, 1), [], table, Guard(), at[2], 2)
     assert d.action == "adopt" and d.k == 4, d
     # the reason lists each window's ratio; the median is the two agreeing ones
     slow = (1 + gain) * 0.5 - 1
@@ -288,7 +290,7 @@ def test_one_lucky_window_does_not_adopt_a_worse_k():
     assert loss < -0.05
     table = _canary_windows(LINEAR, 1, 3, [1.0, 0.5, 1.0])
     assert table[3].output_tps / table[2].output_tps > 1.05  # alone, that window would adopt
-    d = decide(policy(range(5)), 3, _trial(1, 3), [], table, Guard(),
+    d = decide_tuning(policy(range(5)), 3, _trial(1, 3), [], table, Guard(),
                T0 + timedelta(seconds=3 * SPAN), 2)
     assert d.action == "return" and d.k == 3, d
     assert f"median {loss * 100:+.1f} %" in d.reason
@@ -297,14 +299,14 @@ def test_one_lucky_window_does_not_adopt_a_worse_k():
 def test_a_trial_short_of_windows_at_its_time_out_is_judged_on_those_it_has():
     table = _canary_windows(DEEP_WINS, 4, 1, [1.0, 1.0])
     # time-out: TRIAL_TIMEOUT_WINDOWS + 3 - 1 = 5 windows after the start
-    d = decide(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
+    d = decide_tuning(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
                T0 + timedelta(seconds=5 * SPAN - 1), 2)
     assert d.action == "hold" and "2 of 3 windows" in d.reason
-    d = decide(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
+    d = decide_tuning(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
                T0 + timedelta(seconds=5 * SPAN + 1), 2)
     assert d.action == "adopt" and "over 2 windows" in d.reason
     # and with no window at all by then: aborted, the allowance in words
-    d = decide(policy(range(5)), 1, _trial(4, 1), [], table[:1], Guard(),
+    d = decide_tuning(policy(range(5)), 1, _trial(4, 1), [], table[:1], Guard(),
                T0 + timedelta(seconds=5 * SPAN + 1), 2)
     assert d.action == "abort" and "5 windows" in d.reason
 
@@ -315,7 +317,7 @@ def test_a_change_of_traffic_in_the_latest_window_returns_at_once():
     # second window: the incumbent sees other traffic (another acceptance signature)
     table += [measure(SHALLOW.window(1, start, SPAN, 1)),
               measure(DEEP_WINS.window(4, start, SPAN, 1))]
-    d = decide(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
+    d = decide_tuning(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
                T0 + timedelta(seconds=2 * SPAN), 2)
     assert d.action == "return" and "traffic changed" in d.reason
 
@@ -327,7 +329,7 @@ def test_whole_pool_trial_pairs_its_windows_with_the_incumbents_before_it():
               for i in range(3)]
     during = [measure(DEEP_WINS.window(4, T0.timestamp() + i * SPAN, SPAN, 1, noise=f))
               for i, f in enumerate([1 / 0.6, 1.0, 1.0])]
-    d = decide(policy(range(5)), 1, _trial(4, 1, "pool"), [], before + during, Guard(),
+    d = decide_tuning(policy(range(5)), 1, _trial(4, 1, "pool"), [], before + during, Guard(),
                T0 + timedelta(seconds=3 * SPAN), 1)
     gain = DEEP_WINS.true_tps(4) / DEEP_WINS.true_tps(1) - 1
     assert d.action == "adopt" and "whole pool" in d.reason
@@ -342,10 +344,10 @@ def test_whole_pool_trial_with_one_incumbent_window_is_judged_on_time():
     during = [measure(DEEP_WINS.window(4, T0.timestamp() + i * SPAN, SPAN, 1))
               for i in range(3)]
     p = policy(range(5))
-    d = decide(p, 1, _trial(4, 1, "pool"), [], [before, *during[:2]], Guard(),
+    d = decide_tuning(p, 1, _trial(4, 1, "pool"), [], [before, *during[:2]], Guard(),
                T0 + timedelta(seconds=2 * SPAN), 1)
     assert d.action == "hold" and "2 of 3 windows" in d.reason
-    d = decide(p, 1, _trial(4, 1, "pool"), [], [before, *during], Guard(),
+    d = decide_tuning(p, 1, _trial(4, 1, "pool"), [], [before, *during], Guard(),
                T0 + timedelta(seconds=3 * SPAN), 1)
     gain = DEEP_WINS.true_tps(4) / DEEP_WINS.true_tps(1) - 1
     assert d.action == "adopt" and f"median {gain * 100:+.1f} % over 3 windows" in d.reason
@@ -378,17 +380,17 @@ def test_windows_that_straddle_min_gain_extend_the_trial_and_a_better_k_is_adopt
     table = _canary_ratios(DEEP_WINS, 4, 1, first + more)
     p = policy(range(5))
     at = [T0 + timedelta(seconds=(i + 1) * SPAN) for i in range(6)]
-    d = decide(p, 1, _trial(4, 1), [], table[:6], Guard(), at[2], 2)
+    d = decide_tuning(p, 1, _trial(4, 1), [], table[:6], Guard(), at[2], 2)
     assert d.action == "hold" and "not clear of minGain" in d.reason, d
     assert "over 3 windows" in d.reason and "up to 6 windows" in d.reason
-    d = decide(p, 1, _trial(4, 1), [], table[:8], Guard(), at[3], 2)
+    d = decide_tuning(p, 1, _trial(4, 1), [], table[:8], Guard(), at[3], 2)
     med4, se4 = _median_se(first + more[:1])
     assert (d.action == "hold") == (abs(med4 - 1.05) < se4), (d, med4, se4)
     # however late the tuner looks, the verdict is on the trial's first windows, never on a
     # later run of three that happens to agree (the last three here would adopt alone)
     med_last, se_last = _median_se(more)
     assert abs(med_last - 1.05) >= se_last
-    d = decide(p, 1, _trial(4, 1), [], table, Guard(), at[5], 2)
+    d = decide_tuning(p, 1, _trial(4, 1), [], table, Guard(), at[5], 2)
     med6, _ = _median_se(first + more)
     assert d.action == "adopt" and d.k == 4, d
     assert f"median {(med6 - 1) * 100:+.1f} % over 6 windows" in d.reason, d.reason
@@ -400,7 +402,7 @@ def test_a_clear_median_is_judged_at_trial_windows_without_extension():
     med, se = _median_se(rs)
     assert abs(med - 1.05) >= se
     table = _canary_ratios(DEEP_WINS, 4, 1, rs)
-    d = decide(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
+    d = decide_tuning(policy(range(5)), 1, _trial(4, 1), [], table, Guard(),
                T0 + timedelta(seconds=3 * SPAN), 2)
     assert d.action == "adopt" and "over 3 windows" in d.reason, d
 
@@ -414,10 +416,10 @@ def test_an_unclear_trial_is_judged_at_twice_trial_windows():
     table = _canary_ratios(DEEP_WINS, 4, 1, rs)
     p = policy(range(5))
     for n in range(3, 6):
-        d = decide(p, 1, _trial(4, 1), [], table[:2 * n], Guard(),
+        d = decide_tuning(p, 1, _trial(4, 1), [], table[:2 * n], Guard(),
                    T0 + timedelta(seconds=n * SPAN), 2)
         assert d.action == "hold", (n, d)
-    d = decide(p, 1, _trial(4, 1), [], table, Guard(), T0 + timedelta(seconds=6 * SPAN), 2)
+    d = decide_tuning(p, 1, _trial(4, 1), [], table, Guard(), T0 + timedelta(seconds=6 * SPAN), 2)
     med, _ = _median_se(rs)  # (1.04 + 1.05) / 2: below minGain
     assert d.action == "return" and f"median {(med - 1) * 100:+.1f} % over 6" in d.reason, d
 
@@ -427,9 +429,11 @@ def test_an_unclear_trial_short_of_windows_at_the_longer_time_out_is_judged():
     table = _canary_ratios(DEEP_WINS, 4, 1, rs)
     p = policy(range(5))
     # time-out of an extended trial: TRIAL_TIMEOUT_WINDOWS + 6 - 1 = 8 windows after the start
-    d = decide(p, 1, _trial(4, 1), [], table, Guard(), T0 + timedelta(seconds=8 * SPAN - 1), 2)
+    d = decide_tuning(p, 1, _trial(4, 1), [], table, Guard(),
+                      T0 + timedelta(seconds=8 * SPAN - 1), 2)
     assert d.action == "hold" and "not clear" in d.reason, d
-    d = decide(p, 1, _trial(4, 1), [], table, Guard(), T0 + timedelta(seconds=8 * SPAN + 1), 2)
+    d = decide_tuning(p, 1, _trial(4, 1), [], table, Guard(),
+                      T0 + timedelta(seconds=8 * SPAN + 1), 2)
     med, _ = _median_se(rs)
     assert d.action == "adopt" and f"median {(med - 1) * 100:+.1f} % over 4" in d.reason, d
 
@@ -531,17 +535,17 @@ def test_a_k_whose_trial_returned_is_not_recommended_from_windows_of_other_minut
                      "returned: K=4 vs K=3: median +2.0 % over 3 windows")
     now = T0 + timedelta(seconds=5 * SPAN)
     pol = policy([3, 4], max_trials_per_day=10)
-    without = decide(pol, 3, None, [], table, Guard(), now, 2)
+    without = decide_tuning(pol, 3, None, [], table, Guard(), now, 2)
     assert without.recommended_k == 4  # the cross-minute estimate alone names K=4
-    d = decide(pol, 3, None, [returned], table, Guard(), now, 2)
+    d = decide_tuning(pol, 3, None, [returned], table, Guard(), now, 2)
     assert d.recommended_k == 3 and d.action == "hold"
     assert "K=4's trial against it returned" in d.reason and "+2.0 %" in d.reason
     # an aborted trial said nothing of K=4's worth: the estimate stands
     aborted = Trial(4, 3, T0, "canary", T0 + timedelta(seconds=3 * SPAN), "aborted", "alert")
-    assert decide(pol, 3, None, [aborted], table, Guard(), now, 2).recommended_k == 4
+    assert decide_tuning(pol, 3, None, [aborted], table, Guard(), now, 2).recommended_k == 4
     # a trial that ended before the windows that count (another traffic regime) says nothing
     old = Trial(4, 3, T0 - timedelta(days=2), "canary", T0 - timedelta(days=2), "returned")
-    assert decide(pol, 3, None, [old], table, Guard(), now, 2).recommended_k == 4
+    assert decide_tuning(pol, 3, None, [old], table, Guard(), now, 2).recommended_k == 4
 
 
 def test_a_recommended_k_measured_without_a_trial_is_tried_once():
@@ -556,7 +560,7 @@ def test_a_recommended_k_measured_without_a_trial_is_tried_once():
                     T0 + timedelta(seconds=4 * SPAN), "adopted", "adopted: K=1 vs K=0")
     now = T0 + timedelta(seconds=5 * SPAN + 1)
     pol = policy(range(5), max_trials_per_day=10)
-    d = decide(pol, 1, None, [adopted], table, Guard(), now, 2)
+    d = decide_tuning(pol, 1, None, [adopted], table, Guard(), now, 2)
     assert d.recommended_k == 4 == best_k(DEEP_WINS, range(5))
     assert d.action == "start_trial" and d.trial_k == 4
     assert "never tried" in d.reason
@@ -564,11 +568,11 @@ def test_a_recommended_k_measured_without_a_trial_is_tried_once():
     returned = Trial(4, 1, now, "canary", now + timedelta(seconds=SPAN), "returned",
                      "returned: K=4 vs K=1: median +1.0 % over 3 windows")
     later = now + timedelta(seconds=3 * SPAN)
-    d = decide(pol, 1, None, [adopted, returned], table, Guard(), later, 2)
+    d = decide_tuning(pol, 1, None, [adopted, returned], table, Guard(), later, 2)
     assert d.action == "hold" and d.recommended_k == 1
     # an aborted trial of it (an alert) waits a day, as rules a-d do
     aborted = Trial(4, 1, now, "canary", now + timedelta(seconds=SPAN), "aborted", "alert")
-    assert decide(pol, 1, None, [adopted, aborted], table, Guard(), later, 2).trial_k != 4
+    assert decide_tuning(pol, 1, None, [adopted, aborted], table, Guard(), later, 2).trial_k != 4
 
 
 # ---- a measured GPU family's step-cost shape as a prior (tuning/priors.py) -----------------

@@ -39,11 +39,11 @@ def test_no_schedule_when_one_k_wins_everywhere_or_a_band_has_one_k():
 def test_published_in_status():
     from datetime import UTC, datetime
 
-    from mtp_operator.tuning.decision import Decision
+    from mtp_operator.tuning.decision import TuningDecision
     from mtp_operator.tuning.state import published
 
     table = windows(ALONE, [1, 2, 4]) + windows(BUSY, [1, 2, 4])
-    d = Decision("hold", 4, None, None, 4, "why")
+    d = TuningDecision("hold", 4, None, None, 4, "why")
     entry = published("Recommend", d, table, None, [], None, 1,
                       datetime(2026, 12, 1, tzinfo=UTC), recommend_schedule(table))
     assert [(r.min_batch_size, r.max_batch_size, r.num_speculative_tokens)
