@@ -618,3 +618,34 @@ async def test_alert_matchers_must_all_match_the_webhook_alerts_labels() -> None
     outcome = await actions.apply_signals(labelled_alert("MTPHitRateLow", cluster="prod"))
     assert (outcome.rolled_back, outcome.ignored) == (1, {})
     assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 5}
+
+
+async def test_an_alert_is_decided_and_folded_once_in_one_pass(serving, monkeypatch) -> None:
+    """An alert's decision is folded into the status once, where it is made: the pass that
+    persists it plans with that status (reconcile_plan.Fold) instead of folding it again."""
+    from mtp_operator import reconcile_plan
+    from mtp_operator.control import rollback as control_rollback
+
+    kube, _view, actions, _clock = serving
+    folds: list[str] = []
+    for module in (control_rollback, reconcile_plan):
+        real = module.with_decisions
+
+        def counted(status, decisions, _real=real, _where=module.__name__):
+            folds.append(_where)
+            return _real(status, decisions)
+
+        monkeypatch.setattr(module, "with_decisions", counted)
+    passes: list[Any] = []
+    real_pass = actions.reconciler._pass
+
+    async def counted_pass(key, *a, **kw):
+        passes.append(key)
+        return await real_pass(key, *a, **kw)
+
+    monkeypatch.setattr(actions.reconciler, "_pass", counted_pass)
+    outcome = await actions.apply_signals([low_hit_rate()])
+    assert outcome.rolled_back == 1
+    assert folds == ["mtp_operator.control.rollback"]
+    assert passes == [KEY]
+    assert {p: k_of(d) for p, d in kube.deployments().items()} == {H100: 5, L40S: 2}
