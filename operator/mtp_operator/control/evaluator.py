@@ -29,7 +29,6 @@ from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.control.rollback import RollbackActions
 from mtp_operator.rollback.evaluation import PoolEvaluator, pool_snapshot
 from mtp_operator.rollback.signals import PoolRef
-from mtp_operator.validation import spec_problems
 from mtp_runtime.vllm_command import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
@@ -48,18 +47,6 @@ class Evaluator:
         self.port = port
         self.pools: dict[PoolRef, PoolEvaluator] = {}
         self.suspects: set[str] = set()  # pod IPs whose last scrape failed or was slow
-        # per resource: (its spec object, the spec and problems validated from it); watch
-        # events bring a new body each, so the same object means the same spec
-        self._specs: dict[Any, tuple[Any, Any, Any]] = {}
-
-    def _spec(self, key: Any, body: Any) -> tuple[Any, Any]:
-        """spec_problems() of the resource's spec, once per spec object (not every round)."""
-        raw = body.get("spec") or {}
-        memo = self._specs.get(key)
-        if memo is None or memo[0] is not raw:
-            memo = (raw, *spec_problems(raw))
-            self._specs[key] = memo
-        return memo[1], memo[2]
 
     async def tick(self, client: KeepAliveClient, now: datetime, spread: float = 0.0) -> int:
         """One round over every pool; returns how many signals were handed on. With `spread`,
@@ -71,14 +58,11 @@ class Evaluator:
         healthy_lane = asyncio.Semaphore(MAX_PARALLEL_SCRAPES)
         suspect_lane = asyncio.Semaphore(SUSPECT_PARALLEL)
         work: list[tuple[PoolRef, Any, int, dict[str, str]]] = []
-        keys = list(view.resource_keys())
-        for gone in self._specs.keys() - set(keys):
-            del self._specs[gone]
-        for key in keys:
+        for key in list(view.resource_keys()):
             body = view.resource(key)
             if body is None:
                 continue
-            spec, problems = self._spec(key, body)
+            spec, problems = reconciler.spec_of(key, body)  # parsed once a spec, not a round
             if spec is None or problems or not spec.rollback.enabled:
                 continue
             for pool in reconciler.current_status(key, body).pools:

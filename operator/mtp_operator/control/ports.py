@@ -1,21 +1,29 @@
 """What the stateful loops need from the outside, as protocols: the Kubernetes writes
-(`Kube`, implemented by adapters/kube.KubeClient) and the watched cluster (`ClusterView`,
-implemented by app/handlers.KopfView over kopf's indexes). tests/support/fake_cluster.py
-implements both for the unit tests of control/; tests/unit/test_ports.py checks that the
-real classes and the fakes have the same methods.
+(`Kube`, implemented by adapters/kube.KubeClient), the watched cluster (`ClusterView`,
+implemented by app/handlers.KopfView over kopf's indexes) and, for the loops beside the
+reconciler (the tuner), the reconcile core (`ReconcileCore`, implemented by
+control/reconciler.Reconciler). tests/support/fake_cluster.py implements the first two for
+the unit tests of control/; tests/unit/control/test_ports.py checks that the real classes
+and the fakes have the same methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from mtp_operator.adapters.kube import TransportError
+from mtp_operator.api.v1alpha1 import MTPInferenceSpec, MTPInferenceStatus
 from mtp_operator.planning import GPUNode
+from mtp_operator.reconcile_plan import Fold
+from mtp_operator.validation import Problem
 
-__all__ = ["ClusterView", "Key", "Kube", "TransportError"]
+__all__ = ["ClusterView", "Key", "Kube", "ParsedSpec", "ReconcileCore", "TransportError"]
 
 Key = tuple[str, str]  # (namespace, name) of an MTPInference
+# a resource's spec as validation.spec_problems reads it: the typed spec (None when it does
+# not parse) and its problems
+ParsedSpec = tuple[MTPInferenceSpec | None, list[Problem]]
 
 
 @runtime_checkable
@@ -103,4 +111,31 @@ class ClusterView(Protocol):
 
     def has_claim(self, namespace: str, name: str) -> bool:
         """A PersistentVolumeClaim exists (a model cache's, spec.modelCache)."""
+        ...
+
+
+@runtime_checkable
+class ReconcileCore(Protocol):
+    """The reconciler as a loop beside it uses it (the tuner): what it reads of a resource,
+    kept by the reconciler, and the one way in for what it decides."""
+
+    def spec_of(self, key: Key, body: Mapping[str, Any]) -> ParsedSpec:
+        """The resource's spec and its problems, parsed once a spec (the resource's slot
+        memo, which passes read too), not every round."""
+        ...
+
+    def current_status(self, key: Key, body: Mapping[str, Any]) -> MTPInferenceStatus:
+        """The freshest status known: the watched body's, or the reconciler's newer write."""
+        ...
+
+    async def fold_pass(
+        self,
+        key: Key,
+        fold: Callable[[], Awaitable[Fold | None]],
+        then: Callable[[BaseException | None], Awaitable[None]] | None = None,
+        after: Callable[[Any], Awaitable[None]] | None = None,
+    ) -> Exception | None:
+        """Under the resource's lock, one pass with what `fold()` returns (None: no pass),
+        then `then(error)` still under the lock and `after(error)` outside it; a pool
+        write's error is returned, any other raised (Reconciler.fold_pass)."""
         ...

@@ -8,8 +8,7 @@ makes it run once more, never twice in parallel.
 The core is composed, as argo-rollouts' per-pass context and its one persisting writer: what
 is kept per resource lives in `control.slots.Slot` (by job), a pass's object writes in
 `self.writes` (`control.writes.Writes`), the status write here (`_write_status`). What is
-decided outside a pass (rollback decisions, tuning entries) comes in through one method,
-`fold_pass`, as a `reconcile_plan.Fold`.
+decided outside a pass comes in through one method, `fold_pass` (a `reconcile_plan.Fold`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from lightkube import ApiError
 
 from mtp_operator.adapters.telemetry import OPERATOR_METRICS
 from mtp_operator.api.v1alpha1 import MTPInferenceStatus
-from mtp_operator.control.ports import ClusterView, Key, Kube, TransportError
+from mtp_operator.control.ports import ClusterView, Key, Kube, ParsedSpec, TransportError
 from mtp_operator.control.slots import Slot
 from mtp_operator.control.writes import Writes
 from mtp_operator.drift import annotations_read
@@ -284,6 +283,10 @@ class Reconciler:
                 log.warning("reconcile %s/%s failed: %s", key[0], key[1], result)
 
     # ---- the work ---------------------------------------------------------------------
+    def spec_of(self, key: Key, body: Mapping[str, Any]) -> ParsedSpec:
+        """The spec and its problems, parsed once a spec in the slot (`Memos.spec_of`)."""
+        return self.slot(key).memos.spec_of(body)
+
     def current_status(self, key: Key, body: Mapping[str, Any]) -> MTPInferenceStatus:
         """The freshest status we know: the watched body's, or our own newer write."""
         slot = self.slot(key)

@@ -72,6 +72,9 @@ class Memos:
     """The last pass's pure results, reused while their inputs are the same."""
 
     spec: tuple[str, Any, Any] | None = None  # (spec as JSON, spec, problems)
+    # the spec object `spec` was last read from: a watch event brings a new body each time,
+    # so the same object is the same spec (spec_of, the loops' read, compares no JSON then)
+    spec_raw: Any = None
     desired: builders.DesiredSet | None = None  # the objects, rendered when needed
     # the watched body's status object and its typed reading: the evaluator and the tuner ask
     # for every resource's status each round, and a watch event brings a new object each
@@ -84,12 +87,26 @@ class Memos:
     def parsed_spec(
         self, body: Mapping[str, Any]
     ) -> tuple[MTPInferenceSpec | None, list[Problem]]:
-        """spec_problems(spec), reused while the spec is the same."""
-        text = json.dumps(body.get("spec") or {}, sort_keys=True, default=str)
+        """spec_problems(spec), reused while the spec is the same (the one place the
+        resource's spec is parsed: a pass, the alert path, the evaluator and the tuner)."""
+        raw = body.get("spec") or {}
+        text = json.dumps(raw, sort_keys=True, default=str)
         if self.spec is None or self.spec[0] != text:
-            spec, problems = spec_problems(body.get("spec") or {})
+            spec, problems = spec_problems(raw)
             self.spec = (text, spec, problems)
+        self.spec_raw = raw
         return self.spec[1], list(self.spec[2] or [])
+
+    def spec_of(
+        self, body: Mapping[str, Any]
+    ) -> tuple[MTPInferenceSpec | None, list[Problem]]:
+        """parsed_spec() for the loops that read every resource each round (the evaluator,
+        the tuner): the same spec object as last time is taken as read, without comparing
+        its JSON; another object is compared (and parsed only when it differs)."""
+        raw = body.get("spec")
+        if self.spec is not None and raw is not None and raw is self.spec_raw:
+            return self.spec[1], list(self.spec[2] or [])
+        return self.parsed_spec(body)
 
     def desired_set(
         self, key: tuple[str, str], uid: str, spec: MTPInferenceSpec, plans: list[PoolPlan],

@@ -16,12 +16,12 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import aiohttp
 
 from mtp_operator.adapters.scrape import MAX_PARALLEL_SCRAPES, fetch_pod_sample, tuner_timeout
 from mtp_operator.api.v1alpha1 import PoolStatus
+from mtp_operator.control.ports import ClusterView, Kube, ReconcileCore
 from mtp_operator.events import (
     REASON_CONCURRENCY_AT_CAPACITY,
     REASON_TUNING_ADOPTED,
@@ -47,7 +47,6 @@ from mtp_operator.tuning.state import (
     trial_from,
     tuning_modes,
 )
-from mtp_operator.validation import spec_problems
 from mtp_runtime.gpu_profiles import is_hybrid
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ class PoolMemory:
 
 
 class Tuner:
-    def __init__(self, reconciler: Any, view: Any, kube: Any) -> None:
+    def __init__(self, reconciler: ReconcileCore, view: ClusterView, kube: Kube) -> None:
         self.reconciler = reconciler
         self.view = view
         self.kube = kube
@@ -86,7 +85,7 @@ class Tuner:
             body = self.view.resource(key)
             if body is None:
                 continue
-            spec, found = spec_problems(body.get("spec") or {})
+            spec, found = self.reconciler.spec_of(key, body)  # parsed once a spec
             if spec is None or found or all(m == "Off" for m in tuning_modes(spec)):
                 continue
             generation = (body.get("metadata") or {}).get("generation")
@@ -223,7 +222,9 @@ class Tuner:
                                   f"failed: {err}; retried next window", "Warning")
 
 
-async def run_tuner(reconciler: Any, view: Any, kube: Any, interval: float) -> None:
+async def run_tuner(
+    reconciler: ReconcileCore, view: ClusterView, kube: Kube, interval: float
+) -> None:
     tuner = Tuner(reconciler, view, kube)
     async with aiohttp.ClientSession(timeout=tuner_timeout()) as session:
         while True:
