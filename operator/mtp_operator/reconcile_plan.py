@@ -59,7 +59,13 @@ from mtp_operator.status import (
 )
 from mtp_operator.timestamps import format_time, parse_time
 from mtp_operator.traffic_classes import class_plans, class_pool_fates, class_specs
-from mtp_operator.tuning.state import canary_plans, carried, planned_k, with_tuning
+from mtp_operator.tuning.state import (
+    canaries_taking_a_replica,
+    canary_plans,
+    carried,
+    planned_k,
+    with_tuning,
+)
 from mtp_runtime.problems import Problem
 
 
@@ -106,6 +112,12 @@ class PassPlan:
     tuning: Mapping[str, PoolTuningStatus] = field(default_factory=dict)  # kept, by product
     canaries: Mapping[str, PoolPlan] = field(default_factory=dict)  # tuning canary replicas
     fits: Mapping[str, Fit] = field(default_factory=dict)  # spec.fit's verdicts, by product
+
+    @property
+    def canaries_in_replicas(self) -> frozenset[str]:
+        """Pools whose canary runs in one of their replicas (one replica less in builders);
+        a canary started on a spare slot leaves its pool whole (issue 37)."""
+        return canaries_taking_a_replica(self.canaries, self.tuning)
 
 
 @dataclass(frozen=True)

@@ -65,15 +65,17 @@ def requested_gpus(deploy: Mapping[str, Any]) -> int:
 
 
 def product_room(product: str, nodes: Iterable[GPUNode],
-                 pools: Iterable[Mapping[str, Any]]) -> ProductRoom:
+                 pools: Iterable[Mapping[str, Any]], other_gpus: int = 0) -> ProductRoom:
     """`product`'s room: `nodes` (all GPU nodes; others' products are skipped), `pools` the
-    operator's pool Deployments of that product, of every resource."""
+    operator's pool Deployments of that product, of every resource, and `other_gpus` more
+    that the operator's own pods request there (tuning canaries)."""
     allocatable = largest = 0
     for n in nodes:
         if n.product == product and n.schedulable:
             allocatable += n.allocatable_gpus
             largest = max(largest, n.allocatable_gpus)
-    return ProductRoom(product, allocatable, sum(requested_gpus(d) for d in pools), largest)
+    return ProductRoom(product, allocatable,
+                       sum(requested_gpus(d) for d in pools) + other_gpus, largest)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,36 @@ def surge_decision(room: ProductRoom, gpus_per_pod: int, replicas: int,
     return SurgeDecision(True, f"surge: a spare slot on {room.product} ({room.spare_gpus} of "
                          f"{room.allocatable_gpus} GPUs free of pools, {need} needed), each "
                          "new pod starts before an old one leaves")
+
+
+@dataclass(frozen=True)
+class CanaryPlacement:
+    beside_pool: bool  # on a spare slot, the pool keeps every replica
+    capacity_cost: str  # status trial.capacityCost and the TuningTrialStarted Event
+
+
+def canary_placement(room: ProductRoom, gpus_per_pod: int, replicas: int,
+                     host_network: bool = False, spare_slot: bool = True) -> CanaryPlacement:
+    """Where a tuning canary of a pool of `replicas` runs (issue 37): on a spare slot of the
+    product beside the full pool when there is one (`room` counts the pool at its full size
+    and every canary already running) and the resource allows it (`spare_slot`, the spec's
+    canaryPlacement); else in one of the pool's replicas. A hostNetwork canary never goes
+    beside: it would need a node where no pod of the pool holds the ports, which is not
+    known here."""
+    need = max(1, gpus_per_pod)
+    given = (f"1 of {replicas} replicas while the canary loads and runs "
+             f"({replicas - 1} serve)")
+    if not spare_slot:
+        return CanaryPlacement(False, f"{given}: canaryPlacement FromPool")
+    if host_network:
+        return CanaryPlacement(False, f"{given}: hostNetwork pools run the canary in a replica")
+    if room.largest_node_gpus < need or room.spare_gpus < need:
+        return CanaryPlacement(False, f"{given}: no spare slot on {room.product} "
+                               f"({room.spare_gpus} of {room.allocatable_gpus} GPUs free of "
+                               f"pools and canaries, {need} needed)")
+    return CanaryPlacement(True, f"none: the canary runs on a spare slot beside the pool's "
+                           f"{replicas} replicas ({room.spare_gpus} of {room.allocatable_gpus} "
+                           f"GPUs on {room.product} free of pools and canaries, {need} used)")
 
 
 def min_available(replicas: int) -> int:

@@ -359,7 +359,9 @@ def bounded_tuning(t: PoolTuningStatus, full: bool) -> PoolTuningStatus:
         return _changed(
             t, reason=cut(reason, MAX_STATUS_TEXT - len(SUMMARISED_NOTE)) + SUMMARISED_NOTE,
             measured=[], estimates=[], step_cost=None, capacity=None,
-            recommended_schedule=None, trial=trial, trials=trials,
+            recommended_schedule=None, trial=trial,
+            # ended trials keep what the operator reads back (besidePool), not their cost text
+            trials=[_changed(x, capacity_cost="") for x in trials],
         )
     measured = [
         _changed(m, acceptance=m.acceptance[:MAX_SPECULATIVE_TOKENS])

@@ -72,6 +72,9 @@ def test_real_engines_canary_k4_adopted_on_predictable_traffic_and_stays(
           speculative={"mtpLayers": 1, "maxSpeculativeTokens": 4, "profiles": {H100: 1},
                        "tuning": {"mode": "Auto", "candidates": [1, 4], "minGain": MIN_GAIN,
                                   "observationSeconds": WINDOW,
+                                  # two engines on two cores: the canary takes a replica
+                                  # (issue 37's SpareSlot would start a third engine)
+                                  "canaryPlacement": "FromPool",
                                   # judged on one window: the client's count over the canary's
                                   # life (the independent check below) then covers what the
                                   # decision saw (unit tests and the fakes e2e cover the median

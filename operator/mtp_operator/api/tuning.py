@@ -21,6 +21,8 @@ DEFAULT_TRIAL_WINDOWS = 3  # one window's noise can exceed minGain; the median o
 DEFAULT_REVISIT_SECONDS = 21600  # 6 h: with the default 4 trials a day, at most 4 re-checks
 MAX_TUNING_ROWS = 16  # measured table and estimates kept in status, per pool
 MAX_TRIAL_HISTORY = 10
+CanaryPlacement = Literal["SpareSlot", "FromPool"]
+MAX_CAPACITY_COST_CHARS = 200
 
 
 class TuningSpec(_Model):
@@ -67,6 +69,15 @@ class TuningSpec(_Model):
         "the trial (whole pool) must reach minGain. Where the windows disagree (the median "
         "lies within its own standard error of minGain) the trial goes on, up to twice this "
         "many windows. More windows: slower trials, less noise.",
+    )
+    canary_placement: CanaryPlacement = Field(
+        "SpareSlot",
+        description="Where a canary (pools of 2 or more replicas) runs. `SpareSlot`: beside "
+        "the full pool when the GPU product has a spare slot (GPUs no pool or canary of the "
+        "operator requests), so the trial costs no serving capacity but uses one more pod's "
+        "GPUs; without one, the pool gives a replica up for the trial. `FromPool`: always in "
+        "one of the pool's own replicas (no GPU beyond the pool's). Decided when the trial "
+        "starts and kept to its end (status trial.besidePool, trial.capacityCost).",
     )
     revisit_seconds: int = Field(
         DEFAULT_REVISIT_SECONDS,
@@ -158,6 +169,14 @@ class TuningTrial(_Model):
     k: int
     from_k: int
     kind: Literal["canary", "pool"]
+    beside_pool: bool = Field(
+        False, description="A canary on a spare slot beside the full pool (no replica given "
+        "up); false: the pool runs one replica less for the trial (or, kind pool, all of it "
+        "restarts at the trial's K).")
+    capacity_cost: str = Field(
+        "", max_length=MAX_CAPACITY_COST_CHARS,
+        description="What the trial costs in serving capacity, with the numbers it was "
+        "decided on.")
     started: str
     ended: str | None = None
     outcome: Literal["adopted", "returned", "aborted", "superseded"] | None = Field(

@@ -415,7 +415,7 @@ class Reconciler:
             assert plan.spec is not None
             desired = slot.memos.desired_set(
                 key, meta.get("uid", ""), plan.spec, plan.pools, self.settings,
-                frozenset(plan.canaries),
+                plan.canaries_in_replicas,  # issue 37: not a canary on a spare slot
             )
             try:
                 applied = await self.writes.apply(

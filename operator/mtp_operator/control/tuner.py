@@ -21,6 +21,7 @@ import aiohttp
 
 from mtp_operator.adapters.scrape import MAX_PARALLEL_SCRAPES, fetch_pod_sample, tuner_timeout
 from mtp_operator.api.v1alpha1 import PoolStatus
+from mtp_operator.control.canary_room import canary_placement
 from mtp_operator.control.ports import ClusterView, Kube, ReconcileCore
 from mtp_operator.events import (
     REASON_CONCURRENCY_AT_CAPACITY,
@@ -166,12 +167,22 @@ class Tuner:
         product = pool.key
         ended_canary = None
         if d.action == "start_trial" and d.trial_k is not None and d.trial_kind is not None:
-            trial = Trial(d.trial_k, running, now, d.trial_kind)
-            events.append((REASON_TUNING_TRIAL_STARTED, f"pool {product}: {d.reason}", "Normal"))
+            if d.trial_kind == "canary":  # a spare slot, or one of the pool's replicas
+                place = canary_placement(self.view, key, pool.key, pool.gpu_product, spec,
+                                         pool.traffic_class)
+                beside, cost = place.beside_pool, place.capacity_cost
+            else:
+                beside, cost = False, (f"all {replicas} replica(s) restart at K={d.trial_k}"
+                                       " (a whole-pool trial)")
+            trial = Trial(d.trial_k, running, now, d.trial_kind, beside_pool=beside,
+                          capacity_cost=cost)
+            events.append((REASON_TUNING_TRIAL_STARTED, f"pool {product}: {d.reason}; "
+                           f"capacity cost: {cost}", "Normal"))
         elif d.action in ("adopt", "return", "abort") and trial is not None:
             outcome = {"adopt": "adopted", "return": "returned", "abort": "aborted"}[d.action]
             history.append(Trial(trial.k, trial.from_k, trial.started, trial.kind, now,
-                                 outcome, d.reason))  # type: ignore[arg-type]
+                                 outcome, d.reason, trial.beside_pool,  # type: ignore[arg-type]
+                                 trial.capacity_cost))
             if d.action == "adopt":
                 tuned_k = d.k
             if trial.kind == "canary":

@@ -105,6 +105,8 @@ class Trial:
     ended: datetime | None = None
     outcome: TrialOutcome | None = None
     reason: str = ""
+    beside_pool: bool = False  # a canary on a spare slot: the pool keeps every replica
+    capacity_cost: str = ""  # what the trial costs in serving capacity (status)
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,12 @@ history); the measured table is in memory only and is measured again after a res
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from mtp_operator.api.tuning import (
+    MAX_CAPACITY_COST_CHARS,
     MAX_TRIAL_HISTORY,
     MAX_TUNING_ROWS,
     PoolTuningStatus,
@@ -118,14 +119,15 @@ def trial_from(raw: TuningTrial | None) -> Trial | None:
     if raw is None or started is None:
         return None
     return Trial(raw.k, raw.from_k, started, raw.kind, parse_time(raw.ended), raw.outcome,
-                 raw.reason)
+                 raw.reason, raw.beside_pool, raw.capacity_cost)
 
 
 def trial_status(t: Trial) -> TuningTrial:
     return TuningTrial(
         k=t.k, from_k=t.from_k, kind=t.kind, started=format_time(t.started),
         ended=format_time(t.ended) if t.ended is not None else None, outcome=t.outcome,
-        reason=t.reason,
+        reason=t.reason, beside_pool=t.beside_pool,
+        capacity_cost=t.capacity_cost[:MAX_CAPACITY_COST_CHARS],
     )
 
 
@@ -142,6 +144,20 @@ def canary_k(tuning: PoolTuningStatus | None) -> int | None:
     """The K of a canary trial running now, if any."""
     trial = tuning.trial if tuning is not None else None
     return trial.k if trial is not None and trial.kind == "canary" else None
+
+
+def canaries_taking_a_replica(
+    canaries: Iterable[str], tuning: Mapping[str, PoolTuningStatus]
+) -> frozenset[str]:
+    """The pools (keys) of `canaries` whose canary runs in one of the pool's replicas: all but
+    those whose trial started on a spare slot beside the full pool (issue 37). What the trial
+    started with holds to its end, so a pool does not shrink once its canary holds the slot."""
+    out = set()
+    for key in canaries:
+        trial = tuning[key].trial if key in tuning else None
+        if not (trial is not None and trial.kind == "canary" and trial.beside_pool):
+            out.add(key)
+    return frozenset(out)
 
 
 def canary_plans(

@@ -46,11 +46,14 @@ def k_of(deployment: dict) -> int:
 
 
 class Cluster:
-    def __init__(self, replicas: int, mode: str = "Auto") -> None:
+    def __init__(self, replicas: int, mode: str = "Auto", nodes: int = 2,
+                 **tuning: object) -> None:
         self.now = T0
         self.kube = FakeKube()
-        self.view = FakeView(nodes=[node("h1", H100), node("h2", H100)])
-        self.view.add(mtpinference("res", spec(replicas, mode)))
+        self.view = FakeView(nodes=[node(f"h{i + 1}", H100) for i in range(nodes)])
+        body = spec(replicas, mode)
+        body["speculative"]["tuning"].update(tuning)
+        self.view.add(mtpinference("res", body))
         self.reconciler = Reconciler(self.kube, self.view, OperatorSettings(),
                                      clock=lambda: self.now)
         self.tuner = Tuner(self.reconciler, self.view, self.kube)
@@ -136,7 +139,11 @@ async def test_canary_beside_two_replicas_same_window_then_deleted():
             await c.tick(session, 0)
             c.traffic()
             await c.tick(session, 10)
-            assert c.pool()["tuning"]["trial"]["kind"] == "canary"
+            trial = c.pool()["tuning"]["trial"]
+            assert trial["kind"] == "canary" and not trial.get("besidePool")
+            # two 8-GPU nodes, two 8-GPU replicas: no spare slot, the pool gives one up
+            assert trial["capacityCost"].startswith("1 of 2 replicas")
+            assert "no spare slot on NVIDIA-H100-80GB-HBM3 (0 of 16 GPUs" in trial["capacityCost"]
             assert c.kube.deployments()[H100]["spec"]["replicas"] == 1  # one less
             pods = [k for k in c.kube.objects if k[0] == "Pod"]
             assert [p[2] for p in pods] == ["res-h100-80gb-hbm3-canary-k1"]
@@ -152,6 +159,62 @@ async def test_canary_beside_two_replicas_same_window_then_deleted():
             assert c.kube.deployments()[H100]["spec"]["replicas"] == 2
             assert k_of(c.kube.deployments()[H100]) == 1
             assert ("delete_pod", "res-h100-80gb-hbm3-canary-k1") in c.kube.calls
+    finally:
+        c.stop()
+
+
+async def _canary_started(c: Cluster, session) -> dict:
+    await c.settle()
+    c.serve("pod-a", 4)
+    c.serve("pod-b", 4)
+    await c.tick(session, 0)
+    c.traffic()
+    await c.tick(session, 10)
+    trial = c.pool()["tuning"]["trial"]
+    assert trial["kind"] == "canary"
+    assert [k[2] for k in c.kube.objects if k[0] == "Pod"] == ["res-h100-80gb-hbm3-canary-k1"]
+    return trial
+
+
+async def test_with_a_spare_slot_the_canary_runs_beside_the_full_pool():
+    """Issue 37: three 8-GPU nodes, two 8-GPU replicas: the canary takes the spare node and
+    the pool keeps both replicas (the trial costs no capacity), to the trial's end, though the
+    canary now holds the slot that was spare; the status says so with the numbers."""
+    c = Cluster(replicas=2, nodes=3)
+    try:
+        async with aiohttp.ClientSession() as session:
+            trial = await _canary_started(c, session)
+            assert trial["besidePool"] is True
+            assert trial["capacityCost"].startswith("none: the canary runs on a spare slot")
+            assert "8 of 24 GPUs" in trial["capacityCost"]
+            assert c.kube.deployments()[H100]["spec"]["replicas"] == 2  # none given up
+            c.view.deliver(c.kube, ready=True)  # the canary pod is watched now: no room left
+            await c.reconciler.reconcile(KEY)
+            assert c.kube.deployments()[H100]["spec"]["replicas"] == 2  # held to its end
+            c.serve("res-h100-80gb-hbm3-canary-k1", 1)
+            await c.tick(session, 20)
+            c.traffic()
+            await c.tick(session, 30)
+            (ended,) = c.pool()["tuning"]["trials"]
+            assert ended["outcome"] == "adopted" and ended["besidePool"] is True
+            assert c.kube.deployments()[H100]["spec"]["replicas"] == 2
+            assert k_of(c.kube.deployments()[H100]) == 1
+            started = [e for e in c.kube.events if e[1] == "TuningTrialStarted"]
+            assert started and "capacity cost: none" in started[0][2]
+    finally:
+        c.stop()
+
+
+async def test_from_pool_placement_gives_a_replica_up_even_with_a_spare_slot():
+    c = Cluster(replicas=2, nodes=3, canaryPlacement="FromPool")
+    try:
+        async with aiohttp.ClientSession() as session:
+            trial = await _canary_started(c, session)
+            assert not trial.get("besidePool")
+            assert trial["capacityCost"] == (
+                "1 of 2 replicas while the canary loads and runs (1 serve): canaryPlacement "
+                "FromPool")
+            assert c.kube.deployments()[H100]["spec"]["replicas"] == 1
     finally:
         c.stop()
 

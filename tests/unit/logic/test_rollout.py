@@ -111,3 +111,37 @@ def test_disruption_budget_keeps_one_replica_from_two(replicas: int, minimum: in
     assert budget["metadata"]["name"] == "res-h100"
     assert budget["metadata"]["ownerReferences"] == pool["metadata"]["ownerReferences"]
     assert budget["spec"] == {"minAvailable": minimum, "selector": {"matchLabels": {"x": "y"}}}
+
+
+# ---- where a tuning canary runs (issue 37 item 4) ----------------------------------------
+
+
+def _room(allocatable: int, requested: int, largest: int = 8) -> rollout.ProductRoom:
+    return rollout.ProductRoom("NVIDIA-H100-80GB-HBM3", allocatable, requested, largest)
+
+
+def test_a_canary_goes_beside_the_pool_only_where_a_slot_is_spare() -> None:
+    # 3 nodes x 8 GPUs, a pool of 2 x 8: one node spare
+    beside = rollout.canary_placement(_room(24, 16), 8, 2)
+    assert beside.beside_pool and beside.capacity_cost.startswith("none:")
+    assert "8 of 24 GPUs" in beside.capacity_cost and "8 used" in beside.capacity_cost
+    # 7 GPUs spare over the product but a canary of 8: no slot
+    short = rollout.canary_placement(_room(24, 17), 8, 2)
+    assert not short.beside_pool
+    assert short.capacity_cost == (
+        "1 of 2 replicas while the canary loads and runs (1 serve): no spare slot on "
+        "NVIDIA-H100-80GB-HBM3 (7 of 24 GPUs free of pools and canaries, 8 needed)")
+    # enough spare GPUs in all, but no single node holds 8
+    assert not rollout.canary_placement(_room(24, 8, largest=4), 8, 2).beside_pool
+
+
+def test_the_resource_or_host_network_keep_the_canary_in_a_replica() -> None:
+    room = _room(32, 8)
+    assert not rollout.canary_placement(room, 1, 4, spare_slot=False).beside_pool
+    host = rollout.canary_placement(room, 1, 4, host_network=True)
+    assert not host.beside_pool and host.capacity_cost.startswith("1 of 4 replicas")
+
+
+def test_canaries_on_other_pods_count_against_the_room() -> None:
+    node = GPUNode("n1", "NVIDIA-H100-80GB-HBM3", 8, {})
+    assert rollout.product_room("NVIDIA-H100-80GB-HBM3", [node], [], other_gpus=3).spare_gpus == 5
