@@ -50,26 +50,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine")]
+import traffic  # tests/engine/traffic.py (on the path: pyproject's pythonpath, the venv's .pth)
+from tuning_pooled import tuner_runs  # bench/tuning/, beside this file
 
-import traffic  # noqa: E402  (tests/engine/traffic.py)
-from tuning_pooled import tuner_runs  # noqa: E402  (bench/, beside this file)
-
-from mtp_operator.api.tuning import DEFAULT_TRIAL_WINDOWS  # noqa: E402
-from mtp_operator.builders import STARTUP_BUDGET_S  # noqa: E402
-from mtp_operator.tuning.counters import pod_sample, window_counters  # noqa: E402
-from mtp_operator.tuning.decision import (  # noqa: E402
+from mtp_operator.api.tuning import DEFAULT_TRIAL_WINDOWS
+from mtp_operator.builders import STARTUP_BUDGET_S
+from mtp_operator.tuning.counters import pod_sample, window_counters
+from mtp_operator.tuning.decision import (
     TRIAL_EXTEND_FACTOR,
     Guard,
     Policy,
     Trial,
     decide_tuning,
 )
-from mtp_operator.tuning.estimator import Measurement, measure  # noqa: E402
-from mtp_runtime.gpu_profiles import DEFAULT_K  # noqa: E402
-from support.engine import SERVED_NAME, RealEngine, engine_paths  # noqa: E402
+from mtp_operator.tuning.estimator import Measurement, measure
+from mtp_runtime.gpu_profiles import DEFAULT_K
+from support.engine import SERVED_NAME, RealEngine, engine_paths
 
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 
 
