@@ -179,7 +179,7 @@ def main() -> int:
                     (fixture_dir / dst).write_bytes(f.read())
                 else:
                     print(f"summarize: {src} not in the run's expositions")
-    # tests/unit/test_h200_vllm_fixtures.py runs on these fixtures
+    # tests/unit/bench/test_h200_vllm_fixtures.py runs on these fixtures
     print("wrote bench/results/h200.json, h200.md and", fixture_dir)
     return 0
 
