@@ -41,6 +41,10 @@ class ProductRoom:
     def spare_gpus(self) -> int:
         return max(0, self.allocatable_gpus - self.requested_gpus)
 
+    def holds(self, gpus: int) -> bool:
+        """Whether one more pod of `gpus` GPUs fits: spare GPUs enough, on one node."""
+        return self.largest_node_gpus >= gpus and self.spare_gpus >= gpus
+
 
 def pod_gpus(deploy: Mapping[str, Any]) -> int:
     """The `nvidia.com/gpu` one pod of `deploy` asks for (limits, else requests; 0 if none)."""
@@ -102,7 +106,7 @@ def surge_decision(room: ProductRoom, gpus_per_pod: int, replicas: int,
     if host_network:
         return SurgeDecision(False, f"hostNetwork: no surge (ports {DEFAULT_PORT} and "
                              f"{EXPORTER_PORT} are the node's), one old pod stops first, {lost}")
-    if room.largest_node_gpus < need or room.spare_gpus < need:
+    if not room.holds(need):
         return SurgeDecision(False, f"no spare slot on {room.product} ({room.spare_gpus} of "
                              f"{room.allocatable_gpus} GPUs not requested by pools, {need} "
                              f"needed): one old pod stops first, {lost}")
@@ -132,7 +136,7 @@ def canary_placement(room: ProductRoom, gpus_per_pod: int, replicas: int,
         return CanaryPlacement(False, f"{given}: canaryPlacement FromPool")
     if host_network:
         return CanaryPlacement(False, f"{given}: hostNetwork pools run the canary in a replica")
-    if room.largest_node_gpus < need or room.spare_gpus < need:
+    if not room.holds(need):
         return CanaryPlacement(False, f"{given}: no spare slot on {room.product} "
                                f"({room.spare_gpus} of {room.allocatable_gpus} GPUs free of "
                                f"pools and canaries, {need} needed)")

@@ -15,7 +15,7 @@ from mtp_operator import rollout
 from mtp_operator.api.v1alpha1 import MTPInferenceSpec
 from mtp_operator.control.ports import ClusterView
 from mtp_operator.lws import pods_shape
-from mtp_operator.naming import ANNOTATION_GPU_PRODUCT, GPU_RESOURCE
+from mtp_operator.naming import ANNOTATION_GPU_PRODUCT
 from mtp_operator.tuning.state import tuning_of
 
 Key = tuple[str, str]
@@ -32,25 +32,22 @@ def canary_placement(view: ClusterView, key: Key, pool_key: str, product: str,
     """The placement of a canary for pool `pool_key` (GPU `product`) of resource `key`."""
     per_pod = max(1, spec.tensor_parallel_size)
     pools: list[Mapping[str, Any]] = []
-    canary_gpus = 0
+    other_gpus = 0  # canaries, and this pool while the watch does not show it yet
     for k in view.resource_keys():
-        deployments = view.pool_deployments(k)
-        pod_gpus = {}
-        for pk, dep in deployments.items():
+        biggest_pod = 0  # a canary asks what a replica of its resource's pool asks
+        for pk, dep in view.pool_deployments(k).items():
             if _product(dep) != product:
                 continue
             shape = pods_shape(dep)
-            pod_gpus[pk] = rollout.pod_gpus(shape)
+            biggest_pod = max(biggest_pod, rollout.pod_gpus(shape))
             if k == key and pk == pool_key:  # at full size: the choice must not flip once
                 spec_ = dict(shape.get("spec") or {})  # the pool has given a replica up
                 shape = {**shape, "spec": {**spec_, "replicas": spec.replicas}}
             pools.append(shape)
-        for meta in view.canary_pods(k).values():
-            if _product(meta) == product:  # a canary asks what a replica of its pool asks
-                canary_gpus += max(pod_gpus.values(), default=per_pod)
+        canaries = sum(_product(meta) == product for meta in view.canary_pods(k).values())
+        other_gpus += canaries * (biggest_pod or per_pod)
     if pool_key not in view.pool_deployments(key):  # not watched yet: count it as planned
-        pools.append({"spec": {"replicas": spec.replicas, "template": {"spec": {
-            "containers": [{"resources": {"limits": {GPU_RESOURCE: per_pod}}}]}}}})
-    room = rollout.product_room(product, view.gpu_nodes(), pools, canary_gpus)
+        other_gpus += spec.replicas * per_pod
+    room = rollout.product_room(product, view.gpu_nodes(), pools, other_gpus)
     spare = tuning_of(spec, traffic_class).canary_placement == "SpareSlot"
     return rollout.canary_placement(room, per_pod, spec.replicas, spec.host_network, spare)
