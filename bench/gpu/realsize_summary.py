@@ -6,7 +6,9 @@ Each folder under --raw is one device call as it came back ($OUT of `realsize.sh
 realsize.log, <kind>-results.json, <kind>-expositions.tar.gz, plus call.json written here when
 the call was saved (card the reply named, seconds held, the command). Calls on the same card
 (name, driver, vLLM, torch) and model kind are merged per K; a K measured twice keeps the later
-call's figures.
+call's figures. A call whose call.json says `"repeat": true` was run to see how far the same
+points move between runs: its runs are kept apart (the sweep's "Run-to-run spread" table) and
+change none of the sweep's figures or derivations.
 
 Derived here, from the measured runs only (nothing modelled unless said):
 - best K per concurrency at the reference acceptance, as measured output tokens/s (capacity
@@ -82,6 +84,12 @@ def merge(calls: list[dict]) -> dict:
                 "prompt_len": res["prompt_len"], "max_tokens": res["max_tokens"],
                 "max_model_len": res["max_model_len"], "env": call["env"]})
             ks = {s["k"] for s in res["servers"] if "ready_s" in s}
+            if call["meta"].get("repeat"):
+                for r in res["runs"]:
+                    if r["k"] in ks and "error" not in r:
+                        slot.setdefault("repeats", []).append({"call": call["name"], **r})
+                slot.setdefault("repeat_calls", []).append(call["name"])
+                continue
             for s in res["servers"]:
                 if s["k"] in ks:
                     slot["servers"][s["k"]] = {a: b for a, b in s.items() if a != "log_tail"}
@@ -250,6 +258,35 @@ def fmt(x: object, nd: int = 1) -> str:
     return str(x)
 
 
+def spread_table(s: dict) -> list[str]:
+    """The sweep's point next to each repeat of it (calls marked `"repeat": true`)."""
+    reps = s.get("repeats") or []
+    if not reps:
+        return []
+    md = ["", "### Run-to-run spread (repeat calls: " + ", ".join(s.get("repeat_calls", []))
+          + "; not used above)", "",
+          "Spread = (largest - smallest) / smallest ms per engine step over the sweep's run and "
+          "the repeats.", "",
+          "| K | p | c | sweep: tok/s (ms a step, requests) | repeats: tok/s (ms a step, "
+          "requests) | spread of the step |", "|---|---|---|---|---|---|"]
+
+    def cell(r: dict) -> str:
+        return (f"{r['output_tokens_per_s']:.1f} ({fmt(r.get('time_per_engine_step_ms'))}, "
+                f"{r.get('requests', '?')})")
+
+    keys = sorted({(r["k"], r["p_set"], r["concurrency"]) for r in reps})
+    for key in keys:
+        base = s["runs"].get(key)
+        rs = [r for r in reps if (r["k"], r["p_set"], r["concurrency"]) == key]
+        steps = [x["time_per_engine_step_ms"] for x in ([base] if base else []) + rs
+                 if x.get("time_per_engine_step_ms")]
+        spread = (f"{100 * (max(steps) - min(steps)) / min(steps):.0f} %"
+                  if len(steps) > 1 else "—")
+        md.append(f"| {key[0]} | {key[1]:g} | {key[2]} | {cell(base) if base else '—'} | "
+                  + "; ".join(cell(r) for r in rs) + f" | {spread} |")
+    return md
+
+
 def markdown(summary: dict) -> str:
     md = ["# MTP at real size: K x batch x acceptance on the lent GPUs", "",
           "Dummy weights (`--load-format dummy`), full-size configs, served through "
@@ -335,6 +372,7 @@ def markdown(summary: dict) -> str:
                 res = ", ".join(f"{k}: {v:+.3f}" for k, v in sorted(f["residual_ms"].items()))
                 md.append(f"| {c} | {f['base_ms']:.3f} | {f['per_token_ms']:.3f} | "
                           f"{fmt(f['k0_measured_ms'], 3)} | {100 * f['rms_share']:.1f} % | {res} |")
+            md += spread_table(s)
             bw = d["bandwidth"]
             if bw:
                 md += ["", f"K=0 at batch 1: {bw['decode_step_ms']:.2f} ms a decode step; reading "
@@ -347,7 +385,7 @@ def markdown(summary: dict) -> str:
     for c in summary["calls"]:
         m = c["meta"]
         md.append(f"| {c['name']} | {m.get('device', c['env'].get('nvidia-smi', '?'))} | "
-                  f"{m.get('seconds', '?')} | `{m.get('command', '?')}` |")
+                  f"{m.get('seconds', '?')} | `{m.get('command', '?').replace('|', chr(92) + '|')}` |")
     return "\n".join(md) + "\n"
 
 
