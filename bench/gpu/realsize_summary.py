@@ -384,8 +384,9 @@ def markdown(summary: dict) -> str:
            "|---|---|---|---|"]
     for c in summary["calls"]:
         m = c["meta"]
+        command = m.get("command", "?").replace("|", chr(92) + "|")
         md.append(f"| {c['name']} | {m.get('device', c['env'].get('nvidia-smi', '?'))} | "
-                  f"{m.get('seconds', '?')} | `{m.get('command', '?').replace('|', chr(92) + '|')}` |")
+                  f"{m.get('seconds', '?')} | `{command}` |")
     return "\n".join(md) + "\n"
 
 
