@@ -47,6 +47,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import traffic  # tests/engine/traffic.py
 
@@ -63,6 +64,15 @@ REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = ("before", "after")
 ROLLOUTS = ("no-surge", "surge")
 PROBE = {"before": 5.0, "after": 2.0}  # readiness periodSeconds of either pod template
+
+
+@dataclass(frozen=True)
+class Target:
+    """One endpoint a client may send to: the pod (or replica) name and its address."""
+
+    name: str
+    host: str
+    port: int
 
 
 @dataclass
@@ -136,12 +146,13 @@ class Endpoints:
     lag_s: float = 1.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def current(self) -> list[Replica]:
+    def current(self) -> list[Target]:
         now = time.monotonic()
         with self.lock:
-            return [r for r in self.replicas if r.probe_ready and not (
-                r.terminating and r.terminating_since is not None
-                and now - r.terminating_since >= self.lag_s)]
+            return [Target(r.name, r.engine.host, r.engine.port)
+                    for r in self.replicas if r.probe_ready and not (
+                        r.terminating and r.terminating_since is not None
+                        and now - r.terminating_since >= self.lag_s)]
 
 
 def prober(endpoints: Endpoints, stop: threading.Event) -> None:
@@ -157,11 +168,12 @@ def prober(endpoints: Endpoints, stop: threading.Event) -> None:
         stop.wait(0.1)
 
 
-def one_request(replica: Replica, prompt: list[int], stream: bool, max_tokens: int) -> Outcome:
+def one_request(target: Target, prompt: list[int], stream: bool, max_tokens: int,
+                served_name: str = SERVED_NAME) -> Outcome:
     t0 = time.monotonic()
-    body = traffic.request_body(prompt, SERVED_NAME, max_tokens)
+    body = traffic.request_body(prompt, served_name, max_tokens)
     body["stream"] = stream
-    conn = http.client.HTTPConnection(replica.engine.host, replica.engine.port, timeout=120)
+    conn = http.client.HTTPConnection(target.host, target.port, timeout=120)
     try:
         conn.request("POST", "/v1/completions", json.dumps(body),
                      {"Content-Type": "application/json"})
@@ -169,13 +181,13 @@ def one_request(replica: Replica, prompt: list[int], stream: bool, max_tokens: i
         if resp.status != 200:
             resp.read()
             return Outcome(t0, time.monotonic(), stream, False, f"http_{resp.status}",
-                           replica.name)
+                           target.name)
         if not stream:
             data = json.loads(resp.read())
             ok = bool(data.get("choices")) and data["choices"][0].get("finish_reason") in (
                 "length", "stop")
             return Outcome(t0, time.monotonic(), stream, ok, "" if ok else "bad_body",
-                           replica.name)
+                           target.name)
         done, aborted = False, False
         for raw in resp:
             line = raw.decode("utf-8", "replace").strip()
@@ -186,20 +198,22 @@ def one_request(replica: Replica, prompt: list[int], stream: bool, max_tokens: i
                 aborted = True
         ok = done and not aborted
         return Outcome(t0, time.monotonic(), stream, ok,
-                       "" if ok else ("aborted" if aborted else "stream_cut"), replica.name)
+                       "" if ok else ("aborted" if aborted else "stream_cut"), target.name)
     except ConnectionRefusedError:
-        return Outcome(t0, time.monotonic(), stream, False, "refused", replica.name)
+        return Outcome(t0, time.monotonic(), stream, False, "refused", target.name)
     except (ConnectionResetError, http.client.RemoteDisconnected,
             http.client.IncompleteRead, BrokenPipeError):
-        return Outcome(t0, time.monotonic(), stream, False, "reset", replica.name)
+        return Outcome(t0, time.monotonic(), stream, False, "reset", target.name)
     except (OSError, ValueError) as exc:
-        return Outcome(t0, time.monotonic(), stream, False, type(exc).__name__, replica.name)
+        return Outcome(t0, time.monotonic(), stream, False, type(exc).__name__, target.name)
     finally:
         conn.close()
 
 
-def client(endpoints: Endpoints, stop: threading.Event, out: list[Outcome], seed: int,
-           max_tokens: int) -> None:
+def client(endpoints: Any, stop: threading.Event, out: list[Outcome], seed: int,
+           max_tokens: int, served_name: str = SERVED_NAME) -> None:
+    """Sends one request after another to the endpoints `endpoints.current()` lists
+    (round robin), every other one streamed, until `stop`."""
     rng = random.Random(seed)
     prompts = traffic.prompts("predictable", 64, seed=seed)
     n = 0
@@ -212,7 +226,8 @@ def client(endpoints: Endpoints, stop: threading.Event, out: list[Outcome], seed
                                "no_endpoint"))
             stop.wait(0.2)
             continue
-        out.append(one_request(live[n % len(live)], rng.choice(prompts), stream, max_tokens))
+        out.append(one_request(live[n % len(live)], rng.choice(prompts), stream, max_tokens,
+                               served_name))
 
 
 def wait_probe_ready(r: Replica, timeout: float = START_TIMEOUT) -> float:
@@ -367,6 +382,8 @@ def markdown(runs: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
+        if r.get("harness") == "operator":  # k_change_cluster.py's table
+            continue
         t = r["total"]
         ready = [x["new_ready_s"] for ev in r["events"] for x in ev["replicas"]]
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(t["failed_by_kind"].items())) or "-"

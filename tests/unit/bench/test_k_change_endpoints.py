@@ -1,0 +1,77 @@
+"""The k-change bench's view of a Service (bench/k-change/k_change_cluster.py): which endpoints
+of its EndpointSlices a client behind kube-proxy sends to, and when a pod left them."""
+
+from __future__ import annotations
+
+from support.scripts import load
+
+kc = load("bench/k-change/k_change_cluster.py")
+
+
+def _slice(*endpoints: tuple[str, str, dict], ports=(("http", 8000), ("metrics", 9400))):
+    return {"ports": [{"name": n, "port": p} for n, p in ports],
+            "endpoints": [{"addresses": [ip], "targetRef": {"name": name}, "conditions": cond}
+                          for name, ip, cond in endpoints]}
+
+
+READY = {"ready": True, "serving": True, "terminating": False}
+DRAINING = {"ready": False, "serving": True, "terminating": True}
+GONE = {"ready": False, "serving": False, "terminating": True}
+STARTING = {"ready": False, "serving": False, "terminating": False}
+
+
+def test_ready_endpoints_only_while_any_is_ready() -> None:
+    slices = [_slice(("old", "10.0.0.1", DRAINING), ("new", "10.0.0.2", READY)),
+              _slice(("starting", "10.0.0.3", STARTING))]
+    assert [(t.name, t.host, t.port) for t in kc.usable_endpoints(slices)] == [
+        ("new", "10.0.0.2", 8000)]
+
+
+def test_without_a_ready_endpoint_the_serving_terminating_ones_take_traffic() -> None:
+    # kube-proxy's fallback: a terminating pod that still passes its readiness probe serves
+    slices = [_slice(("old", "10.0.0.1", DRAINING), ("gone", "10.0.0.4", GONE),
+                     ("starting", "10.0.0.3", STARTING))]
+    assert [t.name for t in kc.usable_endpoints(slices)] == ["old"]
+    assert kc.usable_endpoints([_slice(("gone", "10.0.0.4", GONE))]) == []
+
+
+def test_the_port_is_the_named_one_and_a_slice_without_it_gives_nothing() -> None:
+    slices = [_slice(("a", "10.0.0.1", READY), ports=(("metrics", 9400), ("http", 8123)))]
+    assert [t.port for t in kc.usable_endpoints(slices)] == [8123]
+    assert kc.usable_endpoints([_slice(("a", "10.0.0.1", READY),
+                                       ports=(("metrics", 9400),))]) == []
+
+
+def test_left_at_is_the_last_time_each_pod_left() -> None:
+    changes = [(1.0, ["a"]), (2.0, ["a", "b"]), (3.0, ["b"]), (4.0, ["a", "b"]),
+               (5.0, ["b"]), (6.0, [])]
+    assert kc.left_at(changes) == {"a": 5.0, "b": 6.0}
+
+
+def test_served_while_draining_counts_successes_ending_after_the_pod_left() -> None:
+    out = kc.k_change.Outcome
+    outcomes = [out(0.0, 9.0, False, True, endpoint="old"),    # in flight when it left: saved
+                out(0.0, 4.0, True, True, endpoint="old"),     # ended before it left
+                out(0.0, 9.0, True, False, "reset", "old"),    # cut: not a success
+                out(0.0, 9.0, False, True, endpoint="new")]    # another pod
+    assert kc.served_while_draining(outcomes, {"old": 5.0}) == 1
+
+
+def test_pod_k_reads_the_runtime_config() -> None:
+    def pod(k):
+        cfg = {"serve": {"num_speculative_tokens": k}}
+        return {"spec": {"containers": [{"env": [
+            {"name": "OTHER", "value": "x"},
+            {"name": "MTP_RUNTIME_CONFIG", "value": kc.json.dumps(cfg)}]}]}}
+
+    assert kc.pod_k(pod(3)) == 3
+    assert kc.pod_k(pod("auto")) is None
+    assert kc.pod_k({"spec": {"containers": [{"env": []}]}}) is None
+
+
+def test_endpoint_states_name_every_endpoint_by_its_conditions() -> None:
+    slices = [_slice(("old", "10.0.0.1", DRAINING), ("new", "10.0.0.2", READY)),
+              _slice(("gone", "10.0.0.4", GONE), ("starting", "10.0.0.3", STARTING))]
+    assert kc.endpoint_states(slices) == {"gone": "leaving", "new": "ready",
+                                          "old": "draining", "starting": "not-ready"}
+    assert kc.endpoint_states([]) == {}
