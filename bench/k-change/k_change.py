@@ -416,14 +416,20 @@ def main() -> int:
         return 0
     result = run(args.template, args.rollout, args.replicas, args.changes, args.concurrency,
                  args.drain_seconds, args.lag, args.max_tokens)
+    finish(result, args.record)
+    return 0
+
+
+def finish(result: dict[str, Any], record: Path | None) -> None:
+    """Stamp a run with the machine's load and the time, print its totals, and append it to
+    `record` (a JSON file of runs) when given; shared by k_change_cluster.py."""
     result["machine"] = {"cpus": os.cpu_count(), "load1": os.getloadavg()[0]}
     result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     print(json.dumps(result["total"]))
-    if args.record:
-        runs = json.loads(args.record.read_text())["runs"] if args.record.exists() else []
+    if record:
+        runs = json.loads(record.read_text())["runs"] if record.exists() else []
         runs.append(result)
-        args.record.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
-    return 0
+        record.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import ssl
 import sys
 import tempfile
@@ -509,14 +508,7 @@ def main() -> int:  # pragma: no cover - a bench run
         print(markdown(json.loads(args.markdown.read_text())["runs"]), end="")
         return 0
     args.gpus = args.replicas + 1 if args.gpus is None else args.gpus
-    result = run_bench(args)
-    result["machine"] = {"cpus": os.cpu_count(), "load1": os.getloadavg()[0]}
-    result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    print(json.dumps(result["total"]))
-    if args.record:
-        runs = json.loads(args.record.read_text())["runs"] if args.record.exists() else []
-        runs.append(result)
-        args.record.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    k_change.finish(run_bench(args), args.record)
     return 0
 
 
