@@ -381,6 +381,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
 
     from realnode import LABEL, TOLERATION, RealNode
     from sandbox import Sandbox
+    from support.cluster_fixtures import CRD, wait_crd_established
     from support.cpu_node import PRODUCT, make_gpu_node
     from support.images import build, tiny_model, with_model
     from support.operator_proc import OperatorProcess, free_port
@@ -405,6 +406,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         node = RealNode(sb).start()
         node.load_image(image)
         make_gpu_node(kubectl, node, gpus=args.gpus)
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+        wait_crd_established(kubectl)
         kubectl("create", "namespace", ns)
         kubectl("label", "namespace", ns, "mtp-operator.io/alert-rollback=enabled")
         token = "k-change-bench"
@@ -430,6 +433,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         time.sleep(5)
         t_start = time.monotonic()
         for i in range(args.changes):
+            if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
+                print(f"stopping after {i} of {args.changes} changes: past --max-seconds "
+                      f"{args.max_seconds}", flush=True)
+                break
             ev = pool.change(EVENTS[i % 2], traffic)
             print(json.dumps({"change": i + 1, **ev}), flush=True)
         traffic.stop()
@@ -437,7 +444,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         result = {
             "harness": "operator", "template": "after",
             "rollout": "surge" if args.gpus > args.replicas else "no-surge",
-            "gpus": args.gpus, "replicas": args.replicas, "changes": args.changes,
+            "gpus": args.gpus, "replicas": args.replicas, "changes": len(pool.events),
+            "changes_asked": args.changes,
             "concurrency": args.concurrency, "drain_seconds": args.drain_seconds,
             "max_tokens": args.max_tokens, "seconds": round(time.monotonic() - t_start, 1),
             "events": pool.events, "total": k_change.summarise(traffic.outcomes),
@@ -500,6 +508,9 @@ def main() -> int:  # pragma: no cover - a bench run
     p.add_argument("--concurrency", type=int, default=3)
     p.add_argument("--drain-seconds", type=int, default=120)
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--max-seconds", type=float, default=0,
+                   help="start no further change once this long has passed (0: no limit); "
+                   "the run records the changes it made")
     p.add_argument("--record", type=Path, help="append the run to this JSON file")
     p.add_argument("--markdown", type=Path, metavar="JSON",
                    help="only print the table of the operator runs in this JSON file")
