@@ -57,6 +57,15 @@ REPO = Path(__file__).resolve().parents[2]
 RESOURCE = "kchange"
 MODEL_PATH = "/models/tiny-mimo"  # where the CPU runtime image holds the tiny model
 EVENTS = ("rollback", "spec-edit")
+# What the tuner's trials are, as events (`--tuning`): a canary's start, its end without
+# adoption (returned or aborted), an adoption (the canary goes, the pool rolls to its K); for
+# a pool of one replica the whole pool is the trial: its start and its end.
+TRIAL_EVENTS = ("canary-start", "canary-end", "adoption", "pool-trial-start", "pool-trial-end")
+LABEL_CANARY = "mtp-operator.io/canary"
+# Fast trials for the bench: 20 s windows, judged on one, any candidate of 1-4.
+TUNING = {"mode": "Auto", "candidates": [1, 2, 3, 4], "minGain": 0.05,
+          "observationSeconds": 20, "trialWindows": 1, "maxTrialsPerDay": 96,
+          "canaryPlacement": "SpareSlot"}
 SPEC_KS = (2, 4)  # the spec's K alternates between these (see the docstring)
 
 
@@ -278,6 +287,43 @@ def settled(kubectl, namespace: str, name: str, k: int, replicas: int) -> list[d
     return pods
 
 
+def trial_event(prev: dict[str, Any] | None, prev_ended: int, trial: dict[str, Any] | None,
+                trials: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+    """The trial event between two reads of a pool's `status.tuning` (`trial`, `trials`):
+    `prev`/`prev_ended` the earlier read's running trial and count of ended ones. A trial that
+    ended shows first (one read may see a trial end and the next start: the start is then
+    the next call's). Pure."""
+    if prev is not None and (trial is None or trial.get("started") != prev.get("started")):
+        if len(trials) > prev_ended:
+            done = trials[-1]
+            if done.get("kind") == "pool":
+                return "pool-trial-end", done
+            return ("adoption" if done.get("outcome") == "adopted" else "canary-end"), done
+        return None  # the trial's end not written yet
+    if prev is None and trial is not None:
+        return ("pool-trial-start" if trial.get("kind") == "pool" else "canary-start"), trial
+    return None
+
+
+def trial_settled(kubectl, namespace: str, name: str, kind: str, trial: dict[str, Any],
+                  replicas: int) -> list[dict] | None:
+    """Whether the pool has carried out the trial event: the canary Ready (start), the canary
+    gone and every replica Ready at the K the pool keeps (end, adoption), the whole pool at the
+    trial's K (pool trial start) or at the K it keeps (pool trial end)."""
+    if kind == "canary-start":
+        pods = pool_pods(kubectl, namespace, name)
+        if any(p["metadata"].get("deletionTimestamp") for p in pods):
+            return None
+        canaries = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_CANARY)
+                    == "true" and any(c["type"] == "Ready" and c["status"] == "True"
+                                      for c in p.get("status", {}).get("conditions") or [])]
+        return pods if canaries else None
+    if kind == "pool-trial-start":
+        return settled(kubectl, namespace, name, trial["k"], replicas)
+    kept = trial["k"] if trial.get("outcome") == "adopted" else trial["fromK"]
+    return settled(kubectl, namespace, name, kept, replicas)
+
+
 def wait(predicate, timeout: float, what: str, interval: float = 1.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -353,6 +399,55 @@ class PoolUnderTraffic:
         return event
 
 
+    def tuning(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        obj = json.loads(self.kubectl("get", "mtpi", RESOURCE, "-n", self.namespace, "-o",
+                                      "json").stdout)
+        pools = (obj.get("status") or {}).get("pools") or []
+        t = (pools[0].get("tuning") or {}) if pools else {}
+        return t.get("trial"), t.get("trials") or []
+
+    def watch_trials(self, traffic: Traffic, events: int, until: float) -> None:
+        """Record the tuner's trial events (`trial_event`) until `events` are recorded or the
+        monotonic clock passes `until`; each waited for until the pool carried it out."""
+        prev, trials = self.tuning()
+        prev_ended = len(trials)
+        recorded = 0
+        while recorded < events and time.monotonic() < until:
+            trial, trials = self.tuning()
+            found = trial_event(prev, prev_ended, trial, trials)
+            if found is None:
+                if prev is None or trial is not None:
+                    prev = trial
+                time.sleep(1)
+                continue
+            kind, which = found
+            mark, t0 = len(traffic.outcomes), time.monotonic()
+            before = sorted(p["metadata"]["name"] for p in pool_pods(
+                self.kubectl, self.namespace, RESOURCE))
+            pods = wait(lambda kind=kind, which=which: trial_settled(
+                            self.kubectl, self.namespace, RESOURCE, kind, which,
+                            self.replicas),
+                        self.settle_timeout_s, f"{kind}: the pool carried it out")
+            seconds = time.monotonic() - t0
+            time.sleep(3)
+            ev = {"kind": kind, "k_from": which["fromK"], "k_to": which["k"],
+                  "trial": {k: which.get(k) for k in ("kind", "besidePool", "capacityCost",
+                                                      "started", "ended", "outcome",
+                                                      "reason")},
+                  "seconds": round(seconds, 1), "old_pods": before,
+                  "new_pods": sorted((p["metadata"]["name"], p["spec"]["nodeName"])
+                                     for p in pods),
+                  "requests": k_change.summarise(traffic.outcomes[mark:]),
+                  "span": [mark, len(traffic.outcomes)]}
+            self.events.append(ev)
+            print(json.dumps({"event": len(self.events), **ev}), flush=True)
+            recorded += 1
+            if kind.endswith("start"):
+                prev = trial if trial is not None else which
+            else:
+                prev, prev_ended = None, len(trials)
+
+
 def served_model(target: Any) -> str:
     with urllib.request.urlopen(f"http://{target.host}:{target.port}/v1/models",
                                 timeout=10) as r:
@@ -413,14 +508,18 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         token = "k-change-bench"
         (work / "token").write_text(token + "\n")
         port = free_port()
+        # the tuner scrapes every --evaluator-interval s (a window's ends need a scrape each)
         op = OperatorProcess(sb.kubeconfig, work, ["--namespace", ns, "--no-evaluator",
+                                                    "--evaluator-interval", "1",
                                                     "--alerts-address", f"127.0.0.1:{port}",
                                                     "--alerts-token-file",
                                                     str(work / "token")]).start()
-        pool = PoolUnderTraffic(kubectl, ns, pool_spec(image, SPEC_KS[0], args.replicas,
-                                                       PRODUCT, LABEL, TOLERATION,
-                                                       args.drain_seconds),
-                                f"http://127.0.0.1:{port}/alerts", token, PRODUCT)
+        spec = pool_spec(image, SPEC_KS[0], args.replicas, PRODUCT, LABEL, TOLERATION,
+                         args.drain_seconds)
+        if args.tuning:
+            spec["speculative"]["tuning"] = dict(TUNING)
+        pool = PoolUnderTraffic(kubectl, ns, spec, f"http://127.0.0.1:{port}/alerts", token,
+                                PRODUCT)
         pool.apply()
         wait(lambda: settled(kubectl, ns, RESOURCE, SPEC_KS[0], args.replicas), 900,
              "the pool Ready")
@@ -432,7 +531,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
                           args.max_tokens).start()
         time.sleep(5)
         t_start = time.monotonic()
-        for i in range(args.changes):
+        if args.tuning:  # the tuner makes the changes: record them as they come
+            pool.watch_trials(traffic, args.changes,
+                              t_start + (args.max_seconds or float("inf")))
+        for i in range(0 if args.tuning else args.changes):
             if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
                 print(f"stopping after {i} of {args.changes} changes: past --max-seconds "
                       f"{args.max_seconds}", flush=True)
@@ -443,6 +545,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         endpoints.stop()
         result = {
             "harness": "operator", "template": "after",
+            "tuning": dict(TUNING) if args.tuning else None,
             "rollout": "surge" if args.gpus > args.replicas else "no-surge",
             "gpus": args.gpus, "replicas": args.replicas, "changes": len(pool.events),
             "changes_asked": args.changes,
@@ -472,7 +575,7 @@ def by_kind(events: list[dict[str, Any]], outcomes: list[Any]) -> dict[str, Any]
     and 3 s after), summarised."""
     return {kind: k_change.summarise([o for ev in events if ev["kind"] == kind
                                       for o in outcomes[ev["span"][0]:ev["span"][1]]])
-            for kind in EVENTS if any(ev["kind"] == kind for ev in events)}
+            for kind in EVENTS + TRIAL_EVENTS if any(ev["kind"] == kind for ev in events)}
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:
@@ -508,6 +611,10 @@ def main() -> int:  # pragma: no cover - a bench run
     p.add_argument("--concurrency", type=int, default=3)
     p.add_argument("--drain-seconds", type=int, default=120)
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--tuning", action="store_true",
+                   help="the pool tunes K (spec.speculative.tuning Auto, 20 s windows): the "
+                   "events are the tuner's trials (" + " / ".join(TRIAL_EVENTS) + "), "
+                   "--changes of them at most")
     p.add_argument("--max-seconds", type=float, default=0,
                    help="start no further change once this long has passed (0: no limit); "
                    "the run records the changes it made")

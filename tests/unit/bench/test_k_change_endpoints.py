@@ -75,3 +75,35 @@ def test_endpoint_states_name_every_endpoint_by_its_conditions() -> None:
     assert kc.endpoint_states(slices) == {"gone": "leaving", "new": "ready",
                                           "old": "draining", "starting": "not-ready"}
     assert kc.endpoint_states([]) == {}
+
+
+# The tuner's trials as the bench's events (`trial_event`), from two reads of status.tuning.
+CANARY = {"k": 4, "fromK": 2, "kind": "canary", "started": "2026-12-06T21:00:00Z"}
+POOL_TRIAL = {"k": 4, "fromK": 2, "kind": "pool", "started": "2026-12-06T21:00:00Z"}
+
+
+def _ended(trial: dict, outcome: str) -> dict:
+    return {**trial, "ended": "2026-12-06T21:02:00Z", "outcome": outcome}
+
+
+def test_a_trial_that_appears_is_its_start() -> None:
+    assert kc.trial_event(None, 0, CANARY, []) == ("canary-start", CANARY)
+    assert kc.trial_event(None, 3, POOL_TRIAL, []) == ("pool-trial-start", POOL_TRIAL)
+    assert kc.trial_event(None, 0, None, []) is None
+    assert kc.trial_event(CANARY, 0, CANARY, []) is None  # still running
+
+
+def test_a_canary_ends_returned_or_adopted() -> None:
+    returned, adopted = _ended(CANARY, "returned"), _ended(CANARY, "adopted")
+    assert kc.trial_event(CANARY, 0, None, [returned]) == ("canary-end", returned)
+    assert kc.trial_event(CANARY, 1, None, [{}, adopted]) == ("adoption", adopted)
+    aborted = _ended(CANARY, "aborted")
+    assert kc.trial_event(CANARY, 0, None, [aborted]) == ("canary-end", aborted)
+    assert kc.trial_event(POOL_TRIAL, 0, None, [_ended(POOL_TRIAL, "returned")])[0] == \
+        "pool-trial-end"
+
+
+def test_an_end_not_yet_in_the_trials_is_no_event_and_an_end_shows_before_the_next_start() -> None:
+    assert kc.trial_event(CANARY, 0, None, []) is None
+    nxt = {**CANARY, "k": 1, "started": "2026-12-06T21:03:00Z"}
+    assert kc.trial_event(CANARY, 0, nxt, [_ended(CANARY, "returned")])[0] == "canary-end"
