@@ -583,7 +583,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     event kind; every figure from the JSON."""
     lines = [
         "| when (UTC) | rollout | GPUs | replicas | event | events | clients | sent | failed "
-        "| failed by kind | no endpoint (s) | latency p50 / p95 (s) | settled in (s) | load1 |",
+        "| failed by kind | no endpoint, each event (s) | latency p50 / p95 (s) | settled in (s) "
+        "| load1 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -592,11 +593,13 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         for kind, t in sorted(r["by_kind"].items()):
             evs = [ev for ev in r["events"] if ev["kind"] == kind]
             secs = [ev["seconds"] for ev in evs]
+            # per event: the kind's outcomes together would span the time between events
+            gaps = ", ".join(str(ev["requests"]["no_endpoint_s"]) for ev in evs)
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(t["failed_by_kind"].items())) or "-"
             lines.append(
                 f"| {r['when']} | {r['rollout']} | {r['gpus']} | {r['replicas']} | {kind} "
                 f"| {len(evs)} | {r['concurrency']} | {t['sent']} | {t['failed']} | {kinds} "
-                f"| {t['no_endpoint_s']} | {t['latency_s']['p50']} / {t['latency_s']['p95']} "
+                f"| {gaps} | {t['latency_s']['p50']} / {t['latency_s']['p95']} "
                 f"| {min(secs)}-{max(secs)} | {r['machine']['load1']:.1f} |")
     return "\n".join(lines) + "\n"
 
