@@ -3,6 +3,9 @@ of its EndpointSlices a client behind kube-proxy sends to, and when a pod left t
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 from support.scripts import load
 
 kc = load("bench/k-change/k_change_cluster.py")
@@ -107,3 +110,41 @@ def test_an_end_not_yet_in_the_trials_is_no_event_and_an_end_shows_before_the_ne
     assert kc.trial_event(CANARY, 0, None, []) is None
     nxt = {**CANARY, "k": 1, "started": "2026-12-06T21:03:00Z"}
     assert kc.trial_event(CANARY, 0, nxt, [_ended(CANARY, "returned")])[0] == "canary-end"
+
+
+def _pod(name: str, k: int, ready: bool = True, canary: bool = False, leaving: bool = False):
+    meta = {"name": name, "labels": {kc.LABEL_CANARY: "true"} if canary else {}}
+    if leaving:
+        meta["deletionTimestamp"] = "2026-12-06T21:01:00Z"
+    env = [{"name": "MTP_RUNTIME_CONFIG",
+            "value": json.dumps({"serve": {"num_speculative_tokens": k}})}]
+    return {"metadata": meta, "spec": {"containers": [{"env": env}], "nodeName": "n"},
+            "status": {"conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+def _kubectl(pods):
+    return lambda *a, **kw: SimpleNamespace(stdout=json.dumps({"items": pods}))
+
+
+def test_a_canary_start_is_carried_out_once_the_canary_is_ready_and_nothing_terminates() -> None:
+    pool = [_pod("a", 2), _pod("b", 2)]
+    settled = kc.trial_settled
+    assert settled(_kubectl([*pool, _pod("c", 4, ready=False, canary=True)]), "ns", "r",
+                   "canary-start", CANARY, 2) is None
+    assert settled(_kubectl([*pool, _pod("c", 4, canary=True)]), "ns", "r", "canary-start",
+                   CANARY, 2)
+    assert settled(_kubectl([_pod("a", 2), _pod("b", 2, leaving=True),
+                             _pod("c", 4, canary=True)]), "ns", "r", "canary-start",
+                   CANARY, 2) is None
+
+
+def test_an_end_is_carried_out_at_the_k_the_pool_keeps_without_the_canary() -> None:
+    settled = kc.trial_settled
+    at_2, at_4 = [_pod("a", 2), _pod("b", 2)], [_pod("a", 4), _pod("b", 4)]
+    returned, adopted = _ended(CANARY, "returned"), _ended(CANARY, "adopted")
+    assert settled(_kubectl(at_2), "ns", "r", "canary-end", returned, 2)
+    assert settled(_kubectl([*at_2, _pod("c", 4, canary=True, leaving=True)]), "ns", "r",
+                   "canary-end", returned, 2) is None
+    assert settled(_kubectl(at_2), "ns", "r", "adoption", adopted, 2) is None
+    assert settled(_kubectl(at_4), "ns", "r", "adoption", adopted, 2)
+    assert settled(_kubectl([_pod("a", 4)]), "ns", "r", "pool-trial-start", POOL_TRIAL, 1)
