@@ -518,8 +518,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
                          args.drain_seconds)
         if args.tuning:
             spec["speculative"]["tuning"] = dict(TUNING)
+        # one new pod at a time, each ~3 min beside the loaded ones on 2 cores: the 600 s
+        # default cut a spec edit of 3 replicas short (2026-12-06 22:56)
         pool = PoolUnderTraffic(kubectl, ns, spec, f"http://127.0.0.1:{port}/alerts", token,
-                                PRODUCT)
+                                PRODUCT, settle_timeout_s=max(600, 300 * args.replicas))
         pool.apply()
         wait(lambda: settled(kubectl, ns, RESOURCE, SPEC_KS[0], args.replicas), 900,
              "the pool Ready")
@@ -531,16 +533,21 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
                           args.max_tokens).start()
         time.sleep(5)
         t_start = time.monotonic()
-        if args.tuning:  # the tuner makes the changes: record them as they come
-            pool.watch_trials(traffic, args.changes,
-                              t_start + (args.max_seconds or float("inf")))
-        for i in range(0 if args.tuning else args.changes):
-            if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
-                print(f"stopping after {i} of {args.changes} changes: past --max-seconds "
-                      f"{args.max_seconds}", flush=True)
-                break
-            ev = pool.change(EVENTS[i % 2], traffic)
-            print(json.dumps({"change": i + 1, **ev}), flush=True)
+        error = None
+        try:  # a change that never settles ends the run, which still records what it made
+            if args.tuning:  # the tuner makes the changes: record them as they come
+                pool.watch_trials(traffic, args.changes,
+                                  t_start + (args.max_seconds or float("inf")))
+            for i in range(0 if args.tuning else args.changes):
+                if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
+                    print(f"stopping after {i} of {args.changes} changes: past --max-seconds "
+                          f"{args.max_seconds}", flush=True)
+                    break
+                ev = pool.change(EVENTS[i % 2], traffic)
+                print(json.dumps({"change": i + 1, **ev}), flush=True)
+        except (TimeoutError, RuntimeError) as err:
+            error = f"{type(err).__name__}: {err}"
+            print(f"run ended: {error}", flush=True)
         traffic.stop()
         endpoints.stop()
         result = {
@@ -548,7 +555,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
             "tuning": dict(TUNING) if args.tuning else None,
             "rollout": "surge" if args.gpus > args.replicas else "no-surge",
             "gpus": args.gpus, "replicas": args.replicas, "changes": len(pool.events),
-            "changes_asked": args.changes,
+            "changes_asked": args.changes, "error": error,
             "concurrency": args.concurrency, "drain_seconds": args.drain_seconds,
             "max_tokens": args.max_tokens, "seconds": round(time.monotonic() - t_start, 1),
             "events": pool.events, "total": k_change.summarise(traffic.outcomes),
