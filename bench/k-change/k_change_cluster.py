@@ -518,8 +518,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
                          args.drain_seconds)
         if args.tuning:
             spec["speculative"]["tuning"] = dict(TUNING)
-        # one new pod at a time, each ~3 min beside the loaded ones on 2 cores: the 600 s
-        # default cut a spec edit of 3 replicas short (2026-12-06 22:56)
+        # one new pod at a time, each ~3 min beside the loaded ones on 2 cores: a spec edit of
+        # 3 replicas did not settle within the 600 s default (2026-12-06 22:56)
         pool = PoolUnderTraffic(kubectl, ns, spec, f"http://127.0.0.1:{port}/alerts", token,
                                 PRODUCT, settle_timeout_s=max(600, 300 * args.replicas))
         pool.apply()
