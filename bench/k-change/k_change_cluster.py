@@ -49,6 +49,7 @@ from typing import Any
 
 import yaml
 
+from mtp_operator.naming import LABEL_CANARY
 from support.scripts import load
 
 k_change = load("bench/k-change/k_change.py")
@@ -61,7 +62,6 @@ EVENTS = ("rollback", "spec-edit")
 # adoption (returned or aborted), an adoption (the canary goes, the pool rolls to its K); for
 # a pool of one replica the whole pool is the trial: its start and its end.
 TRIAL_EVENTS = ("canary-start", "canary-end", "adoption", "pool-trial-start", "pool-trial-end")
-LABEL_CANARY = "mtp-operator.io/canary"
 # Fast trials for the bench: 20 s windows, judged on one, any candidate of 1-4.
 TUNING = {"mode": "Auto", "candidates": [1, 2, 3, 4], "minGain": 0.05,
           "observationSeconds": 20, "trialWindows": 1, "maxTrialsPerDay": 96,
@@ -273,6 +273,11 @@ def pod_k(pod: dict[str, Any]) -> int | None:
     return None
 
 
+def is_ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions") or [])
+
+
 def settled(kubectl, namespace: str, name: str, k: int, replicas: int) -> list[dict] | None:
     """The pool's pods once it runs `replicas` Ready pods at K `k` and none other (terminating
     included); else None."""
@@ -280,9 +285,7 @@ def settled(kubectl, namespace: str, name: str, k: int, replicas: int) -> list[d
     if len(pods) != replicas or any(p["metadata"].get("deletionTimestamp") for p in pods):
         return None
     for p in pods:
-        ready = any(c["type"] == "Ready" and c["status"] == "True"
-                    for c in p.get("status", {}).get("conditions") or [])
-        if not ready or pod_k(p) != k:
+        if not is_ready(p) or pod_k(p) != k:
             return None
     return pods
 
@@ -315,8 +318,7 @@ def trial_settled(kubectl, namespace: str, name: str, kind: str, trial: dict[str
         if any(p["metadata"].get("deletionTimestamp") for p in pods):
             return None
         canaries = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_CANARY)
-                    == "true" and any(c["type"] == "Ready" and c["status"] == "True"
-                                      for c in p.get("status", {}).get("conditions") or [])]
+                    == "true" and is_ready(p)]
         return pods if canaries else None
     if kind == "pool-trial-start":
         return settled(kubectl, namespace, name, trial["k"], replicas)
@@ -387,10 +389,16 @@ class PoolUnderTraffic:
         pods = wait(lambda: settled(self.kubectl, self.namespace, RESOURCE, k_to,
                                     self.replicas), self.settle_timeout_s,
                     f"{kind}: the pool settled at K={k_to}")
+        return self._record(traffic, mark, t0, pods, kind=kind, k_from=k_from, k_to=k_to,
+                            old_pods=sorted(before))
+
+    def _record(self, traffic: Traffic, mark: int, t0: float, pods: list[dict[str, Any]],
+                **what: Any) -> dict[str, Any]:
+        """One event carried out at `pods`, from `t0`, the requests from index `mark` on
+        (3 s of traffic after it included), appended to `events`."""
         seconds = time.monotonic() - t0
         time.sleep(3)  # traffic after the change
-        event = {"kind": kind, "k_from": k_from, "k_to": k_to, "seconds": round(seconds, 1),
-                 "old_pods": sorted(before),
+        event = {**what, "seconds": round(seconds, 1),
                  "new_pods": sorted((p["metadata"]["name"], p["spec"]["nodeName"])
                                     for p in pods),
                  "requests": k_change.summarise(traffic.outcomes[mark:]),
@@ -428,18 +436,12 @@ class PoolUnderTraffic:
                             self.kubectl, self.namespace, RESOURCE, kind, which,
                             self.replicas),
                         self.settle_timeout_s, f"{kind}: the pool carried it out")
-            seconds = time.monotonic() - t0
-            time.sleep(3)
-            ev = {"kind": kind, "k_from": which["fromK"], "k_to": which["k"],
-                  "trial": {k: which.get(k) for k in ("kind", "besidePool", "capacityCost",
-                                                      "started", "ended", "outcome",
-                                                      "reason")},
-                  "seconds": round(seconds, 1), "old_pods": before,
-                  "new_pods": sorted((p["metadata"]["name"], p["spec"]["nodeName"])
-                                     for p in pods),
-                  "requests": k_change.summarise(traffic.outcomes[mark:]),
-                  "span": [mark, len(traffic.outcomes)]}
-            self.events.append(ev)
+            ev = self._record(traffic, mark, t0, pods, kind=kind, k_from=which["fromK"],
+                              k_to=which["k"], trial={
+                                  k: which.get(k) for k in ("kind", "besidePool",
+                                                            "capacityCost", "started",
+                                                            "ended", "outcome", "reason")},
+                              old_pods=before)
             print(json.dumps({"event": len(self.events), **ev}), flush=True)
             recorded += 1
             if kind.endswith("start"):
@@ -476,7 +478,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
 
     from realnode import LABEL, TOLERATION, RealNode
     from sandbox import Sandbox
-    from support.cluster_fixtures import CRD, wait_crd_established
+    from support.cluster_fixtures import install_crd
     from support.cpu_node import PRODUCT, make_gpu_node
     from support.images import build, tiny_model, with_model
     from support.operator_proc import OperatorProcess, free_port
@@ -501,8 +503,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         node = RealNode(sb).start()
         node.load_image(image)
         make_gpu_node(kubectl, node, gpus=args.gpus)
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-        wait_crd_established(kubectl)
+        install_crd(kubectl)
         kubectl("create", "namespace", ns)
         kubectl("label", "namespace", ns, "mtp-operator.io/alert-rollback=enabled")
         token = "k-change-bench"

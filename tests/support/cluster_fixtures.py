@@ -31,10 +31,15 @@ def wait_crd_established(kubectl, name: str = "mtpinferences.mtp-operator.io",
     wait_for(established, timeout, interval=0.5, message=f"CRD {name} Established")
 
 
-@pytest.fixture(scope="session")
-def crd_installed(kubectl) -> None:
+def install_crd(kubectl) -> None:
+    """The MTPInference CRD applied (server-side) and Established."""
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     wait_crd_established(kubectl)
+
+
+@pytest.fixture(scope="session")
+def crd_installed(kubectl) -> None:
+    install_crd(kubectl)
 
 
 @pytest.fixture(scope="session")
