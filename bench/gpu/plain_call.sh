@@ -84,5 +84,7 @@ EOF
   [ -n "$ks" ] && REALSIZE_KINDS=qwen35-27b REALSIZE_KS="$ks" \
     REALSIZE_ARGS="${REPEAT_ARGS:---levels 0.8 --concurrency 1,4,16,64 --min-requests 8 --per-k-estimate 90}" \
     REALSIZE_BUDGET_S="$RB" OUT="$OUT/repeat" bash .gpu-carry/realsize.sh
+  # at most 8 files come back from $OUT: the repeat's env.txt is the sweep's (same machine)
+  [ -f "$OUT/env.txt" ] && cmp -s "$OUT/env.txt" "$OUT/repeat/env.txt" && rm -f "$OUT/repeat/env.txt"
 fi
 echo "plain_call: $(( $(date +%s) - T0 )) s"
