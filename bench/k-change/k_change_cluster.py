@@ -408,11 +408,21 @@ class PoolUnderTraffic:
 
 
     def tuning(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        t = self._tuning_status()
+        return t.get("trial"), t.get("trials") or []
+
+    def _tuning_status(self) -> dict[str, Any]:
         obj = json.loads(self.kubectl("get", "mtpi", RESOURCE, "-n", self.namespace, "-o",
                                       "json").stdout)
         pools = (obj.get("status") or {}).get("pools") or []
-        t = (pools[0].get("tuning") or {}) if pools else {}
-        return t.get("trial"), t.get("trials") or []
+        return (pools[0].get("tuning") or {}) if pools else {}
+
+    def windows(self) -> list[dict[str, Any]]:
+        """The tuner's measured windows as status.tuning shows them now (what a trial's
+        judgement compared: each window's K, mean batch, output per replica)."""
+        keep = ("k", "concurrency", "outputTokensPerSecond", "tokensPerStep", "windowEnd",
+                "replicas")
+        return [{k: m.get(k) for k in keep} for m in self._tuning_status().get("measured") or []]
 
     def watch_trials(self, traffic: Traffic, events: int, until: float) -> None:
         """Record the tuner's trial events (`trial_event`) until `events` are recorded or the
@@ -442,6 +452,8 @@ class PoolUnderTraffic:
                                                             "capacityCost", "started",
                                                             "ended", "outcome", "reason")},
                               old_pods=before)
+            if not kind.endswith("start"):
+                ev["windows"] = self.windows()
             print(json.dumps({"event": len(self.events), **ev}), flush=True)
             recorded += 1
             if kind.endswith("start"):

@@ -17,20 +17,34 @@ Expected: 0 failed requests, the new pod Ready in the Service's slices while the
 still there, the Service never without a usable endpoint, and requests that
 the old pod finished after it had left the endpoints (those a stop without a drain cuts; the
 `before` rows of bench/results/k-change.md).
+
+The same two engine starts prove the model cache in a real pod (issue 36; one test, not two,
+saves two engine starts in `make test`): the pool names its model as a hub repository, served
+by the loopback hub stand-in (tests/support/hub_standin.py, the one double: no real hub is
+reachable) on this host's address on the pod bridge, and mounts a `hostPath` cache (a folder
+the operator's settings allow, writable for the image's user 2000:0, as docs/operations.md
+asks of a cache volume). The K=2 pod downloads every file once, into the namespace's own
+folder of the cache; the K=1 pod the rollback starts reads them from the node's folder and asks
+the hub nothing.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from realnode import LABEL, TOLERATION
+from support.cache_proof import HUB_ID, model_files
 from support.cluster_fixtures import get_json
 from support.cpu_node import PRODUCT, make_gpu_node, unmake_gpu_node
-from support.images import build, tiny_model, with_model
+from support.hub_standin import HubStandIn
+from support.images import build, readable_copy, tiny_model, with_model
 from support.operator_proc import free_port
 from support.scripts import load
 
@@ -40,34 +54,64 @@ kc = load("bench/k-change/k_change_cluster.py")
 TOKEN = "k-change-e2e"
 
 
-def _launch_k(node, namespace: str, pod: str) -> int:
-    """The K the runtime in `pod` launched vLLM with (its JSON log line, kubelet's files)."""
+def _events(node, namespace: str, pod: str) -> list[dict]:
+    """The runtime's JSON log lines of `pod` (kubelet's log files on the real node)."""
+    out = []
     for line in node.pod_log(namespace, pod).splitlines():
-        if '"event": "launch"' in line:
-            return json.loads(line[line.index("{"):])["k"]["k"]
-    raise AssertionError(f"no launch line in {pod}'s log")
+        if '"event": ' in line and "{" in line:
+            try:
+                out.append(json.loads(line[line.index("{"):]))
+            except json.JSONDecodeError:
+                continue  # a vLLM line that mentions an event
+    return out
 
 
-def test_a_rollback_under_steady_traffic_loses_no_request(real_node, kubectl, kubeconfig,
-                                                         namespace, start_operator,
-                                                         tmp_path: Path) -> None:
+def _one(events: list[dict], kind: str) -> dict:
+    found = [e for e in events if e["event"] == kind]
+    assert found, (kind, [e["event"] for e in events])
+    return found[-1]
+
+
+def test_a_rollback_under_steady_traffic_loses_no_request_and_reads_the_cache(
+        real_node, kubectl, kubeconfig, namespace, start_operator, tmp_path: Path) -> None:
     image = with_model(build("runtime-cpu"), tiny_model(), kc.MODEL_PATH)
     real_node.load_image(image)
+    model = readable_copy(tiny_model(), tmp_path / "model")
+    files = model_files(model)
+    cache = Path(tempfile.mkdtemp(prefix="mtp-node-cache-", dir="/tmp"))
+    cache.chmod(0o777)  # the image's user 2000:0 writes the hub cache and its marker
     make_gpu_node(kubectl, real_node, gpus=2)
+    hub = HubStandIn({HUB_ID: model}, host=real_node.pod_gateway()).start()
     try:
         (tmp_path / "token").write_text(TOKEN + "\n")
+        settings = tmp_path / "settings.yaml"
+        settings.write_text(yaml.safe_dump({"modelCache": {"allowedHostPaths": [str(cache)]}}))
         port = free_port()
-        start_operator("--namespace", namespace, "--no-evaluator",
+        start_operator("--namespace", namespace, "--no-evaluator", "--settings", str(settings),
                        "--alerts-address", f"127.0.0.1:{port}",
                        "--alerts-token-file", str(tmp_path / "token"))
-        pool = kc.PoolUnderTraffic(
-            kubectl, namespace, kc.pool_spec(image, 2, 1, PRODUCT, LABEL, TOLERATION),
-            f"http://127.0.0.1:{port}/alerts", TOKEN, PRODUCT)
+        spec = kc.pool_spec(image, 2, 1, PRODUCT, LABEL, TOLERATION)
+        spec["model"] = HUB_ID  # not the folder baked into the image: the hub's repository
+        spec["env"].append({"name": "HF_ENDPOINT", "value": hub.endpoint})
+        spec["modelCache"] = {"hostPath": {"path": str(cache)}}
+        pool = kc.PoolUnderTraffic(kubectl, namespace, spec,
+                                   f"http://127.0.0.1:{port}/alerts", TOKEN, PRODUCT)
         pool.apply()
         (first,) = kc.wait(lambda: kc.settled(kubectl, namespace, kc.RESOURCE, 2, 1), 600,
                            "the K=2 pod Ready")
         assert first["spec"].get("hostNetwork") is not True
         assert first["status"]["podIP"].startswith("10.236.")  # the node's pod network
+        # the first start downloaded every file of the model exactly once, into the namespace's
+        # own folder of the node folder (issue 36), which kubelet made for the pod's subPath
+        assert any((v.get("hostPath") or {}).get("path") == str(cache)
+                   for v in first["spec"]["volumes"]), first["spec"]["volumes"]
+        assert hub.downloads() == dict.fromkeys(files, 1), hub.downloads()
+        assert any(p.is_file() for p in (cache / namespace).rglob("*.safetensors"))
+        assert [p.name for p in cache.iterdir()] == [namespace]
+        first_load = _one(_events(real_node, namespace, first["metadata"]["name"]),
+                          "model_loaded")
+        assert first_load["origin"] == "download", first_load
+        asked = len(hub.snapshot())
         (svc,) = get_json(kubectl, "svc", "-n", namespace)["items"]
         endpoints = kc.SliceEndpoints(kc.Api(kubeconfig), namespace,
                                       svc["metadata"]["name"]).start()
@@ -94,7 +138,12 @@ def test_a_rollback_under_steady_traffic_loses_no_request(real_node, kubectl, ku
         (new_name, node_name), = event["new_pods"]
         old_name = first["metadata"]["name"]
         assert new_name != old_name and node_name == real_node.name
-        assert _launch_k(real_node, namespace, new_name) == 1
+        events = _events(real_node, namespace, new_name)
+        assert _one(events, "launch")["k"]["k"] == 1
+        # the new K's engine read the weights from the node's folder; not one hub request
+        loaded = _one(events, "model_loaded")
+        assert loaded["origin"] == "cache" and loaded["downloaded_bytes"] == 0, loaded
+        assert len(hub.snapshot()) == asked, hub.snapshot()[asked:]
         # the slices: the new pod Ready while the old one was still there (Ready or
         # draining), i.e. the old pod left only after its successor could serve
         states = [st for _, st in endpoints.states]
@@ -110,6 +159,13 @@ def test_a_rollback_under_steady_traffic_loses_no_request(real_node, kubectl, ku
             left, [vars(o) for o in outcomes if o.endpoint == old_name][-5:])
         print(f"rollback under traffic: {total['sent']} sent, 0 failed, settled in "
               f"{event['seconds']} s; latency p50/p95 {total['latency_s']['p50']}/"
-              f"{total['latency_s']['p95']} s")
+              f"{total['latency_s']['p95']} s; model load {first_load['seconds']} s "
+              f"({first_load['downloaded_files']} files downloaded), with K=1 "
+              f"{loaded['seconds']} s from the cache, 0 hub requests")
+        kubectl("delete", "mtpi", kc.RESOURCE, "-n", namespace)
+        kc.wait(lambda: not kc.pool_pods(kubectl, namespace, kc.RESOURCE), 150,
+                "the pool's pods gone")
     finally:
+        hub.stop()
         unmake_gpu_node(kubectl, real_node)
+        shutil.rmtree(cache, ignore_errors=True)

@@ -256,6 +256,23 @@ class RealNode:
     def pod_subnet(self) -> str:
         return f"10.236.{self.index}.0/24"
 
+    def pod_gateway(self) -> str:
+        """This host's address on the pod bridge (the pods' gateway, 10.236.<i>.1): where a pod
+        off hostNetwork reaches a server a test runs on this host. Makes the bridge with that
+        address when no pod has made it yet (the CNI bridge plugin takes a bridge that holds
+        exactly its gateway address as its own); the node's stop removes it."""
+        gateway = self.pod_subnet.rsplit(".", 1)[0] + ".1"
+        if subprocess.run(["ip", "link", "show", self.bridge], capture_output=True).returncode:
+            subprocess.run(["ip", "link", "add", "name", self.bridge, "type", "bridge"],
+                           check=True, capture_output=True)
+        have = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", self.bridge],
+                              capture_output=True, text=True, check=True).stdout
+        if f"inet {gateway}/24" not in have:
+            subprocess.run(["ip", "addr", "add", f"{gateway}/24", "dev", self.bridge],
+                           check=True, capture_output=True)
+        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True, capture_output=True)
+        return gateway
+
     def _pod_network_files(self) -> None:
         """The pod network: build.sh's CNI plugins and a bridge conflist. Each pod off
         hostNetwork gets a network namespace of its own, a veth on the node's bridge and an
