@@ -624,6 +624,40 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def totals(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every operator run's events summed per (replicas, rollout, event kind): how many
+    events, requests sent and failed, and how the trials ended (`outcome` of each ended
+    trial: adopted, returned, ...). What "at least 20 K changes of each kind" is counted on.
+    Pure."""
+    acc: dict[tuple[int, str, str], dict[str, Any]] = {}
+    for r in runs:
+        if r.get("harness") != "operator":
+            continue
+        for ev in r["events"]:
+            key = (r["replicas"], r["rollout"], ev["kind"])
+            row = acc.setdefault(key, {"replicas": key[0], "rollout": key[1], "event": key[2],
+                                       "events": 0, "sent": 0, "failed": 0, "runs": set(),
+                                       "outcomes": {}})
+            row["events"] += 1
+            row["sent"] += ev["requests"]["sent"]
+            row["failed"] += ev["requests"]["failed"]
+            row["runs"].add(r["when"])
+            outcome = ev["trial"].get("outcome") if isinstance(ev.get("trial"), dict) else None
+            if outcome:
+                row["outcomes"][outcome] = row["outcomes"].get(outcome, 0) + 1
+    return [{**row, "runs": len(row["runs"])} for _, row in sorted(acc.items())]
+
+
+def totals_markdown(runs: list[dict[str, Any]]) -> str:
+    lines = ["| replicas | rollout | event | events | runs | sent | failed | trials ended |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t in totals(runs):
+        ended = ", ".join(f"{k} {v}" for k, v in sorted(t["outcomes"].items())) or "-"
+        lines.append(f"| {t['replicas']} | {t['rollout']} | {t['event']} | {t['events']} "
+                     f"| {t['runs']} | {t['sent']} | {t['failed']} | {ended} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:  # pragma: no cover - a bench run
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--replicas", type=int, default=1)
@@ -646,7 +680,8 @@ def main() -> int:  # pragma: no cover - a bench run
                    help="only print the table of the operator runs in this JSON file")
     args = p.parse_args()
     if args.markdown:
-        print(markdown(json.loads(args.markdown.read_text())["runs"]), end="")
+        runs = json.loads(args.markdown.read_text())["runs"]
+        print(markdown(runs) + "\n" + totals_markdown(runs), end="")
         return 0
     args.gpus = args.replicas + 1 if args.gpus is None else args.gpus
     k_change.finish(run_bench(args), args.record)

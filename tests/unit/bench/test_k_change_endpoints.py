@@ -148,3 +148,31 @@ def test_an_end_is_carried_out_at_the_k_the_pool_keeps_without_the_canary() -> N
     assert settled(_kubectl(at_2), "ns", "r", "adoption", adopted, 2) is None
     assert settled(_kubectl(at_4), "ns", "r", "adoption", adopted, 2)
     assert settled(_kubectl([_pod("a", 4)]), "ns", "r", "pool-trial-start", POOL_TRIAL, 1)
+
+
+def _ev(kind: str, sent: int, failed: int, outcome: str | None = None) -> dict:
+    trial = {"kind": "canary", "outcome": outcome} if kind.startswith("canary") else None
+    return {"kind": kind, "trial": trial, "requests": {"sent": sent, "failed": failed}}
+
+
+def test_totals_sum_every_operator_run_per_replicas_rollout_and_kind() -> None:
+    runs = [
+        {"harness": "operator", "when": "t1", "replicas": 2, "rollout": "surge",
+         "events": [_ev("rollback", 10, 0), _ev("canary-end", 4, 0, "returned"),
+                    _ev("rollback", 7, 1)]},
+        {"harness": "operator", "when": "t2", "replicas": 2, "rollout": "surge",
+         "events": [_ev("rollback", 5, 0), _ev("canary-end", 3, 0, "returned"),
+                    _ev("canary-end", 2, 0, "aborted")]},
+        {"harness": "operator", "when": "t3", "replicas": 3, "rollout": "surge",
+         "events": [_ev("rollback", 9, 0)]},
+        {"harness": "processes", "when": "t0", "replicas": 2, "rollout": "surge",
+         "events": [_ev("rollback", 100, 50)]},  # the harness's runs are not counted
+    ]
+    rows = {(r["replicas"], r["event"]): r for r in kc.totals(runs)}
+    assert set(rows) == {(2, "rollback"), (2, "canary-end"), (3, "rollback")}
+    assert (rows[2, "rollback"]["events"], rows[2, "rollback"]["sent"],
+            rows[2, "rollback"]["failed"], rows[2, "rollback"]["runs"]) == (3, 22, 1, 2)
+    assert rows[2, "canary-end"]["outcomes"] == {"returned": 2, "aborted": 1}
+    assert rows[2, "rollback"]["outcomes"] == {}
+    assert "| 2 | surge | canary-end | 3 | 2 | 9 | 0 | aborted 1, returned 2 |" in (
+        kc.totals_markdown(runs))
