@@ -25,7 +25,11 @@ Rules, in order:
    minGain on shared hardware (25 % was seen on two shared CPU cores); a median of three
    needs two of them to agree. The latest pair not comparable (load or traffic changed
    against the incumbent) → return at once; earlier pairs that are not comparable are left
-   out. A trial that reaches its time-out with some but fewer windows is judged on those.
+   out. A pair whose trial window ran the smaller batch and still gave at least `minGain`
+   more output per replica on the same traffic counts as comparable
+   (`estimator.better_on_less_load`: a faster K under clients that wait for their answers
+   runs fewer requests at once, and at equal batch it would do no worse). A trial that
+   reaches its time-out with some but fewer windows is judged on those.
    **Not clear yet → more windows**: when the median lies closer to 1 + `minGain` than its
    own standard error (estimated from the windows' median absolute deviation), the windows
    disagree about which side of the threshold the trial is on, and the trial goes on, up to
@@ -33,8 +37,10 @@ Rules, in order:
    judged on the median of all of them. Where candidates lie within a window's noise of each
    other, three windows decide by luck (seen on real CPU engines: +25.2, +2.5 and -5.9 % for a
    K that the sweep put 10 % ahead).
-5. `Auto` only, within `maxTrialsPerDay` (24 h sliding) and not within one observation window
-   of the last trial's end: the next trial is the first of
+5. `Auto` only, within `maxTrialsPerDay` (24 h sliding), not within one observation window
+   of the last trial's end and only once a window at the incumbent K began after that end
+   (the pool runs its K again: after a whole-pool trial that is a pod's start-up later): the
+   next trial is the first of
    a. no K ≥ 1 measured: the deepest candidate (its counters give every smaller K's tokens
       per step);
    b. fewer than two K ≥ 1 measured: the candidate ≥ 1 farthest from the measured one (a
@@ -62,7 +68,14 @@ from typing import Literal
 from mtp_operator.api.tuning import DEFAULT_REVISIT_SECONDS, DEFAULT_TRIAL_WINDOWS
 
 from .capacity import Capacity
-from .estimator import CostFit, Estimate, Measurement, comparable, estimates
+from .estimator import (
+    CostFit,
+    Estimate,
+    Measurement,
+    better_on_less_load,
+    comparable,
+    estimates,
+)
 from .priors import CostPrior, prior_fit
 
 Mode = Literal["Off", "Recommend", "Auto"]
@@ -325,7 +338,10 @@ def _judge(
                 f"{TRIAL_TIMEOUT_WINDOWS + need - 1} windows",
             )
         return _with(hold, f"trial of K={trial.k} ({trial.kind}) running, no full window yet")
-    if not comparable(*pairs[-1]):
+    def judged(tm: Measurement, inc: Measurement) -> bool:
+        return comparable(tm, inc) or better_on_less_load(tm, inc, policy.min_gain)
+
+    if not judged(*pairs[-1]):
         return TuningDecision(
             "return", trial.from_k, None, None, None,
             f"trial of K={trial.k}: load or traffic changed against the incumbent's window",
@@ -335,7 +351,7 @@ def _judge(
                            "windows")
 
     def verdict(n: int):
-        kept = [(tm, inc) for tm, inc in pairs[:n] if comparable(tm, inc)]
+        kept = [(tm, inc) for tm, inc in pairs[:n] if judged(tm, inc)]
         ratios = [tm.output_tps / inc.output_tps for tm, inc in kept]
         med, err = median_and_error(ratios)
         return kept, ratios, med - 1, abs(med - 1 - policy.min_gain) >= err, err
@@ -428,6 +444,13 @@ def decide_tuning(
     settle = timedelta(seconds=policy.observation_seconds)
     if last_end is not None and now - last_end < settle:
         return _with(base, f"{why}; settling after the last trial")
+    if last_end is not None and current.start < last_end.timestamp() - STATUS_TIME_RESOLUTION:
+        # a whole-pool trial's end restarts the pool at the incumbent K, which takes a pod's
+        # start-up: a trial started before that keeps the pool at the trial's K, and its
+        # windows meet only the incumbent's windows from before the first trial (seen on the
+        # real kubelet node: 8 trials of K=4 in a row, each returned, the pool never at K=2)
+        return _with(base, f"{why}; no trial: waiting for a window at K={running_k} that "
+                           "began after the last trial ended")
     aborted = frozenset(t.k for t in recent if t.outcome == "aborted")
     full = capacity is not None and capacity.at_capacity and capacity.k == running_k
     if full:

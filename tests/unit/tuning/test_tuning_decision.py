@@ -7,6 +7,7 @@ The simulated pools (tests/support/tuning_sim.py) derive vLLM's counters from a 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -14,7 +15,13 @@ from itertools import pairwise
 import pytest
 
 from mtp_operator.tuning.decision import Guard, Policy, Trial, decide_tuning, next_trial, recommend
-from mtp_operator.tuning.estimator import Estimate, estimates, measure
+from mtp_operator.tuning.estimator import (
+    Estimate,
+    better_on_less_load,
+    comparable,
+    estimates,
+    measure,
+)
 from support.tuning_sim import SimPool, drive, linear_cost
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
@@ -229,13 +236,68 @@ def test_no_measurement_yet_holds():
 
 
 def test_an_aborted_k_is_not_tried_again_that_day():
-    table = _table(LINEAR, [3])
+    table = _table(LINEAR, [3])  # the pool's window at K=3 after the trial ended
     now = T0 + timedelta(hours=1)
-    aborted = [Trial(1, 3, now - timedelta(minutes=30), "canary", now - timedelta(minutes=20),
+    aborted = [Trial(1, 3, T0 - timedelta(minutes=30), "canary", T0 - timedelta(minutes=20),
                      "aborted")]
     d = decide_tuning(policy(range(5)), 3, None, aborted, table, Guard(), now, 2)
     # 1 skipped; 2 and 4 are equally far from 3: the smaller first
     assert d.action == "start_trial" and d.trial_k == 2
+
+
+def test_no_trial_until_the_pool_has_a_window_at_its_k_after_the_last_trial_ended():
+    # a whole-pool trial of K=4 returned; its end restarts the pool at K=2, which takes a pod's
+    # start-up. Until a window at K=2 begins after the end, the latest K=2 window is the one
+    # from before the trial: a new trial then would keep the pool at K=4 (the real kubelet
+    # node: 8 trials of K=4 in a row, the pool never back at K=2)
+    before = measure(DEEP_WINS.window(2, T0.timestamp() - SPAN, SPAN, 1))
+    during = measure(DEEP_WINS.window(4, T0.timestamp() + 60, SPAN, 1))
+    end = T0 + timedelta(seconds=60 + SPAN + 1)
+    returned = Trial(4, 2, T0, "pool", end, "returned", "load or traffic changed")
+    late = end + timedelta(seconds=3 * SPAN)  # past the settle window (one observation)
+    d = decide_tuning(ONE_WINDOW, 2, None, [returned], [before, during], Guard(), late, 1)
+    assert d.action == "hold" and "waiting for a window at K=2" in d.reason, d
+    # a window at K=2 that began after the end (the pool back at its K): trials go on
+    back = measure(DEEP_WINS.window(2, end.timestamp() + 120, SPAN, 1))
+    d = decide_tuning(ONE_WINDOW, 2, None, [returned], [before, during, back], Guard(), late,
+                      1)
+    assert d.action == "start_trial", d
+
+
+def _at_batch(sim, batch, k, start):
+    return measure(dataclasses.replace(sim, concurrency=batch).window(k, start, SPAN, 1))
+
+
+def test_a_trial_faster_on_a_smaller_batch_is_judged_and_adopted():
+    # clients that wait for each answer: the faster K's pool runs fewer requests at once
+    # (seen on the real kubelet node: mean batch 1.33 at K=4, the trial returned as "load
+    # changed"); 1.8 -> 1.33 is 26 % apart, beyond comparable()'s 25 %
+    before = _at_batch(DEEP_WINS, 1.8, 2, T0.timestamp() - SPAN)
+    during = _at_batch(DEEP_WINS, 1.33, 4, T0.timestamp() + 1.0)
+    assert not comparable(during, before)
+    assert DEEP_WINS.true_tps(4) >= 1.05 * DEEP_WINS.true_tps(2)  # K=4 is the better K
+    assert better_on_less_load(during, before, 0.05)
+    d = decide_tuning(ONE_WINDOW, 2, _trial(4, 2, "pool"), [], [before, during], Guard(),
+                      T0 + timedelta(seconds=SPAN + 2), 1)
+    assert d.action == "adopt" and d.k == 4, d
+
+
+def test_a_trial_with_less_output_on_a_smaller_batch_still_needs_equal_load():
+    # SHALLOW: K=4 is worse than K=1; on a smaller batch its lower output may be the batch's
+    # doing, so the pair says nothing and the trial returns as before
+    assert SHALLOW.true_tps(4) < SHALLOW.true_tps(1)
+    before = _at_batch(SHALLOW, 1.8, 1, T0.timestamp() - SPAN)
+    during = _at_batch(SHALLOW, 1.33, 4, T0.timestamp() + 1.0)
+    assert not better_on_less_load(during, before, 0.05)
+    d = decide_tuning(ONE_WINDOW, 1, _trial(4, 1, "pool"), [], [before, during], Guard(),
+                      T0 + timedelta(seconds=SPAN + 2), 1)
+    assert d.action == "return" and "load or traffic changed" in d.reason, d
+    # and more output on the larger batch proves nothing either
+    bigger = _at_batch(DEEP_WINS, 2.4, 4, T0.timestamp() + 1.0)
+    assert not better_on_less_load(bigger, _at_batch(DEEP_WINS, 1.8, 2, T0.timestamp()), 0.05)
+    # nor a smaller batch on other traffic (tokens per step over K=1 apart by more than 10 %)
+    other = _at_batch(SHALLOW, 1.33, 4, T0.timestamp() + 1.0)
+    assert not better_on_less_load(other, _at_batch(DEEP_WINS, 1.8, 2, T0.timestamp()), 0.0)
 
 
 def test_whole_pool_trial_started_within_the_second_its_incumbent_window_ended():
@@ -555,7 +617,7 @@ def test_a_recommended_k_measured_without_a_trial_is_tried_once():
     Ks with no comparable window. The recommended K is tried, once."""
     t0 = T0.timestamp()
     table = [measure(DEEP_WINS.window(k, t0 + i * SPAN, SPAN, 1))
-             for i, k in enumerate([0, 4, 1, 1])]
+             for i, k in enumerate([0, 4, 1, 1, 1])]  # the last after the adoption
     adopted = Trial(1, 0, T0 + timedelta(seconds=2 * SPAN - 1), "canary",
                     T0 + timedelta(seconds=4 * SPAN), "adopted", "adopted: K=1 vs K=0")
     now = T0 + timedelta(seconds=5 * SPAN + 1)
@@ -568,8 +630,11 @@ def test_a_recommended_k_measured_without_a_trial_is_tried_once():
     returned = Trial(4, 1, now, "canary", now + timedelta(seconds=SPAN), "returned",
                      "returned: K=4 vs K=1: median +1.0 % over 3 windows")
     later = now + timedelta(seconds=3 * SPAN)
+    table.append(measure(DEEP_WINS.window(1, (now + timedelta(seconds=SPAN)).timestamp(), SPAN,
+                                          1)))  # the pool's window after that trial's end
     d = decide_tuning(pol, 1, None, [adopted, returned], table, Guard(), later, 2)
     assert d.action == "hold" and d.recommended_k == 1
+    assert "waiting for a window" not in d.reason, d.reason
     # an aborted trial of it (an alert) waits a day, as rules a-d do
     aborted = Trial(4, 1, now, "canary", now + timedelta(seconds=SPAN), "aborted", "alert")
     assert decide_tuning(pol, 1, None, [adopted, aborted], table, Guard(), later, 2).trial_k != 4
