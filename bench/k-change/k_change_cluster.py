@@ -281,7 +281,11 @@ def is_ready(pod: dict[str, Any]) -> bool:
 def settled(kubectl, namespace: str, name: str, k: int, replicas: int) -> list[dict] | None:
     """The pool's pods once it runs `replicas` Ready pods at K `k` and none other (terminating
     included); else None."""
-    pods = pool_pods(kubectl, namespace, name)
+    return settled_pods(pool_pods(kubectl, namespace, name), k, replicas)
+
+
+def settled_pods(pods: list[dict[str, Any]], k: int, replicas: int) -> list[dict] | None:
+    """`settled` on a list of pods. Pure."""
     if len(pods) != replicas or any(p["metadata"].get("deletionTimestamp") for p in pods):
         return None
     for p in pods:
@@ -323,7 +327,14 @@ def trial_settled(kubectl, namespace: str, name: str, kind: str, trial: dict[str
     if kind == "pool-trial-start":
         return settled(kubectl, namespace, name, trial["k"], replicas)
     kept = trial["k"] if trial.get("outcome") == "adopted" else trial["fromK"]
-    return settled(kubectl, namespace, name, kept, replicas)
+    pods = pool_pods(kubectl, namespace, name)
+    # a canary made at or after this trial's end is the next trial's (it may start before
+    # the ended canary's drain is over, under the same name): not this event's to wait for
+    ended = trial.get("ended") or ""
+    pods = [p for p in pods if not (
+        (p["metadata"].get("labels") or {}).get(LABEL_CANARY) == "true" and ended
+        and p["metadata"].get("creationTimestamp", "") >= ended)]
+    return settled_pods(pods, kept, replicas)
 
 
 def wait(predicate, timeout: float, what: str, interval: float = 1.0) -> Any:

@@ -112,8 +112,10 @@ def test_an_end_not_yet_in_the_trials_is_no_event_and_an_end_shows_before_the_ne
     assert kc.trial_event(CANARY, 0, nxt, [_ended(CANARY, "returned")])[0] == "canary-end"
 
 
-def _pod(name: str, k: int, ready: bool = True, canary: bool = False, leaving: bool = False):
-    meta = {"name": name, "labels": {kc.LABEL_CANARY: "true"} if canary else {}}
+def _pod(name: str, k: int, ready: bool = True, canary: bool = False, leaving: bool = False,
+         created: str = "2026-12-06T20:00:00Z"):
+    meta = {"name": name, "labels": {kc.LABEL_CANARY: "true"} if canary else {},
+            "creationTimestamp": created}
     if leaving:
         meta["deletionTimestamp"] = "2026-12-06T21:01:00Z"
     env = [{"name": "MTP_RUNTIME_CONFIG",
@@ -148,6 +150,12 @@ def test_an_end_is_carried_out_at_the_k_the_pool_keeps_without_the_canary() -> N
     assert settled(_kubectl(at_2), "ns", "r", "adoption", adopted, 2) is None
     assert settled(_kubectl(at_4), "ns", "r", "adoption", adopted, 2)
     assert settled(_kubectl([_pod("a", 4)]), "ns", "r", "pool-trial-start", POOL_TRIAL, 1)
+    # the next trial's canary (made after this one ended, same name) does not hold the end up;
+    # the ended trial's own canary, made before its end, does until it is gone
+    nxt = _pod("c", 4, ready=False, canary=True, created="2026-12-06T21:02:20Z")
+    assert settled(_kubectl([*at_2, nxt]), "ns", "r", "canary-end", returned, 2)
+    own = _pod("c", 4, canary=True, created="2026-12-06T21:00:05Z")
+    assert settled(_kubectl([*at_2, own]), "ns", "r", "canary-end", returned, 2) is None
 
 
 def _ev(kind: str, sent: int, failed: int, outcome: str | None = None) -> dict:
