@@ -110,7 +110,7 @@ def test_a_rollback_under_steady_traffic_loses_no_request_and_reads_the_cache(
         assert [p.name for p in cache.iterdir()] == [namespace]
         first_load = _one(_events(real_node, namespace, first["metadata"]["name"]),
                           "model_loaded")
-        assert first_load["origin"] == "download", first_load
+        assert (first_load["origin"], first_load["offline"]) == ("download", False), first_load
         asked = len(hub.snapshot())
         (svc,) = get_json(kubectl, "svc", "-n", namespace)["items"]
         endpoints = kc.SliceEndpoints(kc.Api(kubeconfig), namespace,
@@ -142,7 +142,8 @@ def test_a_rollback_under_steady_traffic_loses_no_request_and_reads_the_cache(
         assert _one(events, "launch")["k"]["k"] == 1
         # the new K's engine read the weights from the node's folder; not one hub request
         loaded = _one(events, "model_loaded")
-        assert loaded["origin"] == "cache" and loaded["downloaded_bytes"] == 0, loaded
+        assert (loaded["origin"], loaded["offline"], loaded["downloaded_bytes"]) == (
+            "cache", True, 0), loaded
         assert len(hub.snapshot()) == asked, hub.snapshot()[asked:]
         # the slices: the new pod Ready while the old one was still there (Ready or
         # draining), i.e. the old pod left only after its successor could serve
