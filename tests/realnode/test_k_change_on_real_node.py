@@ -30,7 +30,6 @@ the hub nothing.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -54,20 +53,8 @@ kc = load("bench/k-change/k_change_cluster.py")
 TOKEN = "k-change-e2e"
 
 
-def _events(node, namespace: str, pod: str) -> list[dict]:
-    """The runtime's JSON log lines of `pod` (kubelet's log files on the real node)."""
-    out = []
-    for line in node.pod_log(namespace, pod).splitlines():
-        if '"event": ' in line and "{" in line:
-            try:
-                out.append(json.loads(line[line.index("{"):]))
-            except json.JSONDecodeError:
-                continue  # a vLLM line that mentions an event
-    return out
-
-
 def _one(events: list[dict], kind: str) -> dict:
-    found = [e for e in events if e["event"] == kind]
+    found = [e for e in events if e.get("event") == kind]
     assert found, (kind, [e["event"] for e in events])
     return found[-1]
 
@@ -108,7 +95,7 @@ def test_a_rollback_under_steady_traffic_loses_no_request_and_reads_the_cache(
         assert hub.downloads() == dict.fromkeys(files, 1), hub.downloads()
         assert any(p.is_file() for p in (cache / namespace).rglob("*.safetensors"))
         assert [p.name for p in cache.iterdir()] == [namespace]
-        first_load = _one(_events(real_node, namespace, first["metadata"]["name"]),
+        first_load = _one(real_node.runtime_events(namespace, first["metadata"]["name"]),
                           "model_loaded")
         assert (first_load["origin"], first_load["offline"]) == ("download", False), first_load
         asked = len(hub.snapshot())
@@ -138,7 +125,7 @@ def test_a_rollback_under_steady_traffic_loses_no_request_and_reads_the_cache(
         (new_name, node_name), = event["new_pods"]
         old_name = first["metadata"]["name"]
         assert new_name != old_name and node_name == real_node.name
-        events = _events(real_node, namespace, new_name)
+        events = real_node.runtime_events(namespace, new_name)
         assert _one(events, "launch")["k"]["k"] == 1
         # the new K's engine read the weights from the node's folder; not one hub request
         loaded = _one(events, "model_loaded")

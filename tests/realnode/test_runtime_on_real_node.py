@@ -76,9 +76,8 @@ def test_pool_on_the_real_node_runs_real_vllm(cpu_gpu_node, kubectl, namespace,
                             gpu_product=PRODUCT, result="ok") >= 2, 30,
              message="the evaluator's scrapes of the pool pod")
     # the container's own log (kubelet's files): mtp-runtime launched vLLM with K=2
-    launches = [json.loads(line[line.index("{"):]) for line in
-                cpu_gpu_node.pod_log(namespace, pod["metadata"]["name"]).splitlines()
-                if '"event": "launch"' in line]
+    launches = [e for e in cpu_gpu_node.runtime_events(namespace, pod["metadata"]["name"])
+                if e.get("event") == "launch"]
     assert launches and launches[0]["k"]["k"] == 2, launches
 
     kubectl("delete", "mtpi", "tiny", "-n", namespace)

@@ -448,6 +448,17 @@ class RealNode:
                 text.append(f.read_text(errors="replace"))
         return "\n".join(text)
 
+    def runtime_events(self, namespace: str, pod: str) -> list[dict]:
+        """The runtime's JSON log lines (`"event": ...`) in `pod`'s log, oldest first."""
+        out = []
+        for line in self.pod_log(namespace, pod).splitlines():
+            if '"event": ' in line and "{" in line:
+                try:
+                    out.append(json.loads(line[line.index("{"):]))
+                except json.JSONDecodeError:
+                    continue  # a vLLM line that mentions an event
+        return out
+
     # -- stop -----------------------------------------------------------------------------
 
     def stop(self, quiet: bool = False) -> None:
