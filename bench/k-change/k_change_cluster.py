@@ -430,9 +430,9 @@ class PoolUnderTraffic:
 
     def windows(self) -> list[dict[str, Any]]:
         """The tuner's measured windows as status.tuning shows them now (what a trial's
-        judgement compared: each window's K, mean batch, output per replica)."""
-        keep = ("k", "concurrency", "outputTokensPerSecond", "tokensPerStep", "windowEnd",
-                "replicas")
+        judgement compared: each window's K, mean batch, output per replica, request speed)."""
+        keep = ("k", "concurrency", "outputTokensPerSecond", "requestTokensPerSecond",
+                "tokensPerStep", "windowEnd", "replicas")
         return [{k: m.get(k) for k in keep} for m in self._tuning_status().get("measured") or []]
 
     def watch_trials(self, traffic: Traffic, events: int, until: float) -> None:

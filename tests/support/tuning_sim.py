@@ -6,6 +6,14 @@ decode step emits 1 + Σ_{j<K} prefix[j] tokens on average. Cost: a replica spen
 seconds per request-step at the load. Counters are the expected values (no sampling noise
 unless `noise` multiplies the step cost). This is an independent derivation of the figures the
 estimator reads: the estimator never sees `prefix` or `cost`, only the counters.
+
+Load: closed (the default) keeps `concurrency` requests in every replica, so a faster K emits
+more; open (`arrival_rate` requests/s sent to each replica, as a Service sends every pod the
+same rate) below a replica's capacity emits exactly what it is sent at any K, and a faster K
+shows only in a request's time in the engine: an engine step takes `cost(K)·concurrency`
+seconds whatever the batch below `concurrency` (a GPU reading its weights once a step), so a
+request takes `steps_per_request·cost(K)·concurrency` seconds and the mean batch is the rate
+times that (Little's law). At or over capacity an open replica runs as a closed one.
 """
 
 from __future__ import annotations
@@ -23,6 +31,14 @@ class SimPool:
     cost: Callable[[int], float]  # seconds per request-step at K
     tokens_per_request: float = 128.0
     concurrency: float = 4.0
+    arrival_rate: float | None = None  # requests/s per replica (open load); None: closed
+
+    def steps_per_request(self, k: int) -> float:
+        return 1 + (self.tokens_per_request - 1) / self.tau(k)
+
+    def request_seconds(self, k: int, noise: float = 1.0) -> float:
+        """A request's time in the engine at K below capacity (open load)."""
+        return self.steps_per_request(k) * self.cost(k) * noise * self.concurrency
 
     def tau(self, k: int) -> float:
         return 1.0 + sum(self.prefix[:k])
@@ -36,8 +52,14 @@ class SimPool:
         self, k: int, start: float, seconds: float, replicas: int = 1, noise: float = 1.0
     ) -> WindowCounters:
         """The counters of `replicas` replicas at K over `seconds` (cost scaled by noise)."""
-        steps_per_request = 1 + (self.tokens_per_request - 1) / self.tau(k)
+        steps_per_request = self.steps_per_request(k)
         requests = seconds * replicas / (steps_per_request * self.cost(k) * noise)
+        busy = self.concurrency  # requests in the engine at any moment (closed load)
+        if self.arrival_rate is not None:
+            w = self.request_seconds(k, noise)
+            if self.arrival_rate * w < self.concurrency:  # below capacity
+                requests = self.arrival_rate * seconds * replicas
+                busy = self.arrival_rate * w
         decode_steps = requests * (self.tokens_per_request - 1) / self.tau(k)
         per_pos = tuple(decode_steps * p for p in self.prefix[:k])
         spec = (
@@ -47,8 +69,12 @@ class SimPool:
         )
         gen = requests * self.tokens_per_request
         n = requests * steps_per_request
+        if busy < self.concurrency:  # open load: the batch as vLLM's gauge reads it
+            return WindowCounters(k, start, start + seconds, replicas, spec, gen, None, busy,
+                                  busy * seconds * replicas, gen)
         return WindowCounters(
-            k, start, start + seconds, replicas, spec, gen, n / self.concurrency, None
+            k, start, start + seconds, replicas, spec, gen, n / self.concurrency, None,
+            busy * seconds * replicas, gen,
         )
 
 

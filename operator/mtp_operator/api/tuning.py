@@ -110,6 +110,12 @@ class TuningMeasurement(_Model):
     k: int
     output_tokens_per_second: float = Field(description="Per replica.")
     concurrency: float | None = Field(None, description="Requests per engine step (mean batch).")
+    request_tokens_per_second: float | None = Field(
+        None,
+        description="Output tokens per second of their own time in the engine, of the requests "
+        "that finished in the window (vLLM's e2e latency); at the same request rate, below "
+        "saturation, a faster K shows here and not in the output.",
+    )
     acceptance: list[float] = Field(
         default_factory=list, description="Per draft position: accepted / drafts."
     )

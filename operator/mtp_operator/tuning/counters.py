@@ -9,6 +9,11 @@ them (shared/vllm-0.33.0/metrics-sample.prom):
 - `vllm:iteration_tokens_total_count` (the count of the histogram "tokens per engine_step"):
   engine steps, S; absent from older or trimmed expositions, then None
 - `vllm:num_requests_running` (gauge): requests in the running batch, sampled at each scrape
+- `vllm:e2e_request_latency_seconds_sum` and `vllm:request_generation_tokens_sum` (histogram
+  sums): the seconds each finished request spent in the engine, arrival to last token, and
+  the tokens it got, summed over finished requests. Over a window their increases give the
+  finished requests' output tokens per second of their own time exactly (no sampling): what a
+  pool below saturation differs in by K (`estimator.same_offered_load`)
 
 No I/O and no clock: callers pass the exposition text and the times of their scrapes.
 """
@@ -27,6 +32,8 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 KV_USAGE = "vllm:kv_cache_usage_perc"
+REQUEST_SECONDS = "vllm:e2e_request_latency_seconds_sum"
+REQUEST_TOKENS = "vllm:request_generation_tokens_sum"
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,8 @@ class PodSample:
     waiting: float | None = None
     kv_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
     waiting_for_capacity: float | None = None  # waiting_by_reason{reason="capacity"}
+    request_seconds: float | None = None  # e2e latency histogram's sum (finished requests)
+    request_tokens: float | None = None  # generation tokens histogram's sum (finished)
 
 
 def _sum(exp: Exposition, name: str, **labels: str) -> float | None:
@@ -66,6 +75,8 @@ def pod_sample(t: float, source: str | Exposition) -> PodSample:
         waiting=_sum(exp, WAITING),
         kv_usage=_max(exp, KV_USAGE),
         waiting_for_capacity=_sum(exp, WAITING_BY_REASON, reason="capacity"),
+        request_seconds=_sum(exp, REQUEST_SECONDS),
+        request_tokens=_sum(exp, REQUEST_TOKENS),
     )
 
 
@@ -92,6 +103,10 @@ class WindowCounters:
     generation_tokens: float
     engine_steps: float | None  # None when any counted pod does not expose it
     running_mean: float | None  # mean requests running per replica over the window's scrapes
+    # seconds in the engine of the requests that finished in the window, and the tokens they
+    # got (every counted pod; None when any of them does not expose the histograms)
+    request_seconds: float | None = None
+    request_tokens: float | None = None
 
     @property
     def seconds(self) -> float:
@@ -105,9 +120,17 @@ def _grew(first: PodSample, last: PodSample) -> bool:
         return False
     if last.generation_tokens < first.generation_tokens:
         return False
-    if first.engine_steps is not None and last.engine_steps is not None:
-        return last.engine_steps >= first.engine_steps
-    return True
+    return all(b >= a for a, b in ((first.engine_steps, last.engine_steps),
+                                   (first.request_seconds, last.request_seconds),
+                                   (first.request_tokens, last.request_tokens))
+               if a is not None and b is not None)
+
+
+def _increase(total: float | None, first: float | None, last: float | None) -> float | None:
+    """A running sum over pods of one counter's increase; None once any pod lacks it."""
+    if total is None or first is None or last is None:
+        return None
+    return total + last - first
 
 
 def _diff(last: SpecCounters, first: SpecCounters) -> SpecCounters:
@@ -138,6 +161,8 @@ def window_counters(
     spec = SpecCounters()
     gen = 0.0
     steps: float | None = 0.0
+    req_seconds: float | None = 0.0
+    req_tokens: float | None = 0.0
     running: list[float] = []
     replicas = 0
     for pod_samples in samples.values():
@@ -152,13 +177,13 @@ def window_counters(
         replicas += 1
         spec = spec + _diff(last.spec, first.spec)
         gen += last.generation_tokens - first.generation_tokens
-        if steps is not None and first.engine_steps is not None and last.engine_steps is not None:
-            steps += last.engine_steps - first.engine_steps
-        else:
-            steps = None
+        steps = _increase(steps, first.engine_steps, last.engine_steps)
+        req_seconds = _increase(req_seconds, first.request_seconds, last.request_seconds)
+        req_tokens = _increase(req_tokens, first.request_tokens, last.request_tokens)
         running += [s.running for s in inside if s.running is not None]
     if replicas == 0:
         return None
     # running samples are per pod; their mean is already per replica
     mean_running = sum(running) / len(running) if running else None
-    return WindowCounters(k, start, end, replicas, spec, gen, steps, mean_running)
+    return WindowCounters(k, start, end, replicas, spec, gen, steps, mean_running,
+                          req_seconds, req_tokens)

@@ -28,7 +28,12 @@ Rules, in order:
    out. A pair whose trial window ran the smaller batch and still gave at least `minGain`
    more output per replica on the same traffic counts as comparable
    (`estimator.better_on_less_load`: a faster K under clients that wait for their answers
-   runs fewer requests at once, and at equal batch it would do no worse). A trial that
+   runs fewer requests at once, and at equal batch it would do no worse). A pair sent the
+   same work (same traffic, outputs per replica within 15 %: below saturation a replica emits
+   what it is sent, at any K) is judged on the ratio of request speeds instead: output tokens
+   per second of the finished requests' own time in the engine (`estimator.same_offered_load`;
+   a canary beside its pool gets the same request rate as every pod, so its K shows only
+   there). Such windows also count as one regime in rule 2. A trial that
    reaches its time-out with some but fewer windows is judged on those.
    **Not clear yet → more windows**: when the median lies closer to 1 + `minGain` than its
    own standard error (estimated from the windows' median absolute deviation), the windows
@@ -75,6 +80,8 @@ from .estimator import (
     better_on_less_load,
     comparable,
     estimates,
+    same_offered_load,
+    speed_ratio,
 )
 from .priors import CostPrior, prior_fit
 
@@ -338,8 +345,17 @@ def _judge(
                 f"{TRIAL_TIMEOUT_WINDOWS + need - 1} windows",
             )
         return _with(hold, f"trial of K={trial.k} ({trial.kind}) running, no full window yet")
+    def ratio(tm: Measurement, inc: Measurement) -> float | None:
+        """The pair's ratio: request speed at the same request rate, else output per replica
+        at the same load (or more output on less); None: the pair says nothing."""
+        if same_offered_load(tm, inc):
+            return speed_ratio(tm, inc)
+        if comparable(tm, inc) or better_on_less_load(tm, inc, policy.min_gain):
+            return tm.output_tps / inc.output_tps
+        return None
+
     def judged(tm: Measurement, inc: Measurement) -> bool:
-        return comparable(tm, inc) or better_on_less_load(tm, inc, policy.min_gain)
+        return ratio(tm, inc) is not None
 
     if not judged(*pairs[-1]):
         return TuningDecision(
@@ -352,7 +368,7 @@ def _judge(
 
     def verdict(n: int):
         kept = [(tm, inc) for tm, inc in pairs[:n] if judged(tm, inc)]
-        ratios = [tm.output_tps / inc.output_tps for tm, inc in kept]
+        ratios = [r for r in (ratio(tm, inc) for tm, inc in kept) if r is not None]
         med, err = median_and_error(ratios)
         return kept, ratios, med - 1, abs(med - 1 - policy.min_gain) >= err, err
 
@@ -368,12 +384,20 @@ def _judge(
                            f"clear of minGain; up to {most} windows")
     tm, inc = kept[-1]
     where = "same window" if trial.kind == "canary" else "whole pool"
-    if len(kept) == 1:
+    if len(kept) == 1 and same_offered_load(tm, inc):
+        words = (f"K={trial.k} {tm.request_speed:.4g} vs K={trial.from_k} "
+                 f"{inc.request_speed:.4g} tok/s per request at the same request rate "
+                 f"({tm.output_tps:.4g} vs {inc.output_tps:.4g} tok/s/replica; {_pct(gain)}, "
+                 f"{where})")
+    elif len(kept) == 1:
         words = (f"K={trial.k} {tm.output_tps:.4g} vs K={trial.from_k} {inc.output_tps:.4g} "
                  f"tok/s/replica ({_pct(gain)}, {where})")
     else:
+        by_speed = sum(1 for tm_, inc_ in kept if same_offered_load(tm_, inc_))
+        basis = (f"; {by_speed} by request speed at the same request rate" if by_speed
+                 else "")
         words = (f"K={trial.k} vs K={trial.from_k}: median {_pct(gain)} over {len(kept)} "
-                 f"windows ({each}; {where})")
+                 f"windows ({each}; {where}{basis})")
     if gain >= policy.min_gain:
         return TuningDecision("adopt", trial.k, None, None, trial.k, f"adopted: {words}")
     return TuningDecision("return", trial.from_k, None, None, None, f"returned: {words}")
@@ -412,7 +436,10 @@ def decide_tuning(
     if current is None:
         return TuningDecision("hold", running_k, None, None, None,
                         f"measuring K={running_k}: no full window yet")
-    comp = seen_at_k0([m for m in table if comparable(m, current)], current,
+    # the same regime: the same load, or the same request rate (below saturation a K shows
+    # in the requests' time, not in the batch or the output: `same_offered_load`)
+    comp = seen_at_k0([m for m in table
+                       if comparable(m, current) or same_offered_load(m, current)], current,
                       policy.revisit_seconds)
     cands = tuple(sorted(set(policy.candidates) | {running_k}))
     ests, fit = estimates(comp, cands,

@@ -11,6 +11,11 @@ A **measurement** is one window of one group of replicas at one K (`counters.Win
 - concurrency                      = N / S (request-steps per engine step, i.e. the mean batch)
   where vLLM exposes the engine step count S, else the mean of `num_requests_running`
 - per-position acceptance a_j      = c_j / D, tokens per step τ = 1 + A / D (K = 0: τ = 1)
+- request speed                    = output tokens of the requests that finished in the window
+  over the seconds they spent in the engine (vLLM's e2e latency and generation-token
+  histogram sums): what a request gets per second of its own time. Below saturation a
+  replica's output is the request rate it is sent, whatever its K; its K shows in how long
+  the requests take (`same_offered_load`)
 
 **Tokens per step at a smaller K'**, exact from the counters of any window at K ≥ K': a draft
 of K' tokens keeps the first K' of a K-token draft (the MTP chain proposes the same tokens), so
@@ -57,6 +62,16 @@ class Measurement:
     spec: SpecCounters  # increases (for exact tokens per step at smaller K)
     generation_tokens: float
     request_steps: float  # N = G - A
+    request_seconds: float | None = None  # finished requests' seconds in the engine, summed
+    request_tokens: float | None = None  # and their output tokens
+
+    @property
+    def request_speed(self) -> float | None:
+        """Output tokens per second of request time of the requests that finished (None:
+        not exposed, or none finished)."""
+        if not self.request_seconds or self.request_tokens is None or self.request_seconds <= 0:
+            return None
+        return self.request_tokens / self.request_seconds
 
     @property
     def seconds(self) -> float:
@@ -108,6 +123,8 @@ def measure(w: WindowCounters, min_request_steps: float = MIN_REQUEST_STEPS) -> 
         spec=w.spec,
         generation_tokens=w.generation_tokens,
         request_steps=n,
+        request_seconds=w.request_seconds,
+        request_tokens=w.request_tokens,
     )
 
 
@@ -216,6 +233,8 @@ def pooled(ms: Sequence[Measurement]) -> Measurement:
     n = sum(m.request_steps for m in ms)
     rs = sum(m.seconds * m.replicas for m in ms)
     conc = [m.concurrency for m in ms if m.concurrency is not None]
+    req_s = [m.request_seconds for m in ms]
+    req_t = [m.request_tokens for m in ms]
     return Measurement(
         ms[0].k,
         min(m.start for m in ms),
@@ -227,6 +246,8 @@ def pooled(ms: Sequence[Measurement]) -> Measurement:
         spec,
         gen,
         n,
+        None if None in req_s else sum(req_s),
+        None if None in req_t else sum(req_t),
     )
 
 
@@ -356,3 +377,35 @@ def better_on_less_load(trial: Measurement, incumbent: Measurement, min_gain: fl
         return False
     return (trial.concurrency < incumbent.concurrency and same_traffic(trial, incumbent)
             and trial.output_tps >= incumbent.output_tps * (1 + min_gain))
+
+
+OFFERED_LOAD_TOLERANCE = 0.15  # outputs per replica this close: the same request rate
+
+
+def same_offered_load(
+    trial: Measurement, incumbent: Measurement, tolerance: float = OFFERED_LOAD_TOLERANCE
+) -> bool:
+    """Whether two windows were sent the same work: the same traffic and outputs per replica
+    within `tolerance` (relative), with request speeds known for both. Below saturation a
+    replica emits what it is sent, so equal outputs say the request rate was equal whatever
+    the K; the K then shows in the requests' time in the engine (Little's law: at one request
+    rate the mean number in flight is the rate times the mean time), not in the output. A
+    canary beside its pool, which the Service sends as many requests as every other pod, is
+    this case: on the real kubelet node a canary of K=4 ran 20.5 tok/s at a mean batch of
+    0.85 against its pool's 21.0 at 1.63 and was returned as "load changed". Compare such
+    windows with `speed_ratio`."""
+    if trial.request_speed is None or incumbent.request_speed is None:
+        return False
+    hi = max(trial.output_tps, incumbent.output_tps)
+    if hi <= 0 or abs(trial.output_tps - incumbent.output_tps) / hi > tolerance:
+        return False
+    return same_traffic(trial, incumbent)
+
+
+def speed_ratio(trial: Measurement, incumbent: Measurement) -> float:
+    """The trial's request speed over the incumbent's: at the same request rate and traffic,
+    the inverse ratio of the requests' mean times in the engine (`same_offered_load`)."""
+    ts, inc = trial.request_speed, incumbent.request_speed
+    if ts is None or inc is None:
+        raise ValueError("request speed unknown")
+    return ts / inc

@@ -240,6 +240,8 @@ def _measured(m: Measurement) -> dict[str, Any]:
     }
     if m.concurrency is not None:
         row["concurrency"] = round(m.concurrency, 3)
+    if m.request_speed is not None:
+        row["requestTokensPerSecond"] = round(m.request_speed, 3)
     return row
 
 

@@ -21,6 +21,8 @@ from mtp_operator.tuning.estimator import (
     comparable,
     estimates,
     measure,
+    same_offered_load,
+    speed_ratio,
 )
 from support.tuning_sim import SimPool, drive, linear_cost
 
@@ -298,6 +300,76 @@ def test_a_trial_with_less_output_on_a_smaller_batch_still_needs_equal_load():
     # nor a smaller batch on other traffic (tokens per step over K=1 apart by more than 10 %)
     other = _at_batch(SHALLOW, 1.33, 4, T0.timestamp() + 1.0)
     assert not better_on_less_load(other, _at_batch(DEEP_WINS, 1.8, 2, T0.timestamp()), 0.0)
+
+
+def _open(sim, share=0.6, cands=range(5)):
+    """`sim` sent requests at `share` of its slowest candidate's capacity (open load)."""
+    cap = min(sim.concurrency / sim.request_seconds(k) for k in cands)
+    return dataclasses.replace(sim, arrival_rate=share * cap)
+
+
+def test_a_canary_below_saturation_is_judged_on_its_requests_time():
+    # the Service sends the canary as many requests as every other pod: below saturation
+    # both emit what they are sent, and the faster K shows as shorter requests (a smaller
+    # batch), which output per replica cannot see (seen on the real kubelet node: canary of
+    # K=4 20.5 tok/s at batch 0.85, pool 21.0 at 1.63, returned as "load changed")
+    sim = _open(DEEP_WINS)
+    start = T0.timestamp()
+    inc = measure(sim.window(1, start, SPAN, 1))
+    canary = measure(sim.window(4, start, SPAN, 1))
+    assert canary.output_tps == pytest.approx(inc.output_tps)  # the same request rate
+    assert not comparable(canary, inc) and not better_on_less_load(canary, inc, 0.05)
+    assert same_offered_load(canary, inc)
+    # the gain: the incumbent's time per request over the canary's, from the sim's traffic
+    # and cost directly (Little's law: at one rate the time is the batch over the rate)
+    gain = sim.request_seconds(1) / sim.request_seconds(4) - 1
+    assert gain > 0.05
+    assert speed_ratio(canary, inc) == pytest.approx(1 + gain)
+    now = T0 + timedelta(seconds=SPAN)
+    d = decide_tuning(ONE_WINDOW, 1, _trial(4, 1), [], [inc, canary], Guard(), now, 2)
+    assert d.action == "adopt" and d.k == 4, d
+    assert f"{gain * 100:+.1f} %" in d.reason and "same request rate" in d.reason, d.reason
+    # a worse K the same way: SHALLOW, K=4 slower per request than K=1
+    sim = _open(SHALLOW)
+    loss = sim.request_seconds(1) / sim.request_seconds(4) - 1
+    assert loss < -0.05
+    inc = measure(sim.window(1, start, SPAN, 1))
+    canary = measure(sim.window(4, start, SPAN, 1))
+    d = decide_tuning(ONE_WINDOW, 1, _trial(4, 1), [], [inc, canary], Guard(), now, 2)
+    assert d.action == "return" and f"{loss * 100:+.1f} %" in d.reason, d
+
+
+def test_requests_time_needs_the_same_request_rate():
+    # a pod sent fewer requests runs a smaller batch at any K: its speed proves nothing, and
+    # the pair falls back to the load rules (here: not comparable, so the trial returns)
+    start = T0.timestamp()
+    inc = measure(_open(LINEAR, 0.6).window(3, start, SPAN, 1))
+    fewer = measure(_open(LINEAR, 0.3).window(3, start, SPAN, 1))
+    assert fewer.output_tps < 0.85 * inc.output_tps
+    assert not same_offered_load(fewer, inc)
+    # and without the e2e histograms (an older vLLM) the rule is off
+    blind = dataclasses.replace(measure(_open(DEEP_WINS).window(4, start, SPAN, 1)),
+                                request_seconds=None)
+    assert not same_offered_load(blind, measure(_open(DEEP_WINS).window(1, start, SPAN, 1)))
+
+
+@pytest.mark.parametrize(
+    ("sim", "start", "cands"),
+    [(LINEAR, 3, range(5)), (OFF_WINS, 6, range(7)), (DEEP_WINS, 1, range(5)),
+     (SHALLOW, 3, range(5))],
+)
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_auto_below_saturation_reaches_the_best_k_and_tries_each_k_once(
+    sim, start, cands, replicas
+):
+    # open load at 60 % of the slowest K's capacity: every K emits the same output, so the
+    # estimates are flat and only trials judged on the requests' time move K
+    ks, trials, _ = drive(_open(sim, 0.6, cands), start, policy(cands), replicas, windows=25,
+                          noise=noisy(replicas))
+    best = best_k(sim, cands)
+    assert sim.true_tps(ks[-1]) >= 0.95 * sim.true_tps(best), (ks[-1], best, trials)
+    assert len(trials) == len(set(trials)), trials  # no K tried twice
+    assert len(set(ks[-10:])) == 1, ks
 
 
 def test_whole_pool_trial_started_within_the_second_its_incumbent_window_ended():

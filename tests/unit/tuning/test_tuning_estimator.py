@@ -32,6 +32,8 @@ def test_pod_sample_reads_vllm_033_exposition(sample_prom):
     assert s.engine_steps == 0.0  # the histogram count is present (0 steps logged)
     assert s.running == 0.0
     assert s.t == 7.0
+    # the e2e latency and generation-token histograms' sums are present (no request finished)
+    assert s.request_seconds == 0.0 and s.request_tokens == 0.0
 
 
 EXPO = """\
@@ -71,6 +73,28 @@ def test_window_counters_differences_two_pods_and_drops_a_restarted_one():
     assert w.engine_steps == 320 + 160
     assert w.running_mean == pytest.approx((4 + 4 + 2 + 3 + 3) / 5)
     assert window_counters(2, {"c": pods["c"]}, 0.0, 60.0) is None
+
+
+def test_window_counters_sum_finished_requests_time_and_tokens():
+    lat = ('vllm:e2e_request_latency_seconds_sum{{engine="0",model_name="m"}} {w}\n'
+           'vllm:request_generation_tokens_sum{{engine="0",model_name="m"}} {t}\n')
+    a = [pod_sample(0.0, expo(0, 0, 0, 0, 0, 0, 1) + lat.format(w=10.0, t=300)),
+         pod_sample(60.0, expo(100, 150, 90, 60, 400, 80, 1) + lat.format(w=34.5, t=650))]
+    b = [pod_sample(0.0, expo(0, 0, 0, 0, 0, 0, 1) + lat.format(w=0.0, t=0)),
+         pod_sample(60.0, expo(100, 150, 90, 60, 400, 80, 1) + lat.format(w=12.0, t=240))]
+    w = window_counters(2, {"a": a, "b": b}, 0.0, 60.0)
+    assert w is not None and w.replicas == 2
+    assert w.request_seconds == pytest.approx(24.5 + 12.0)
+    assert w.request_tokens == pytest.approx(350 + 240)
+    m = measure(w)
+    assert m is not None and m.request_speed == pytest.approx(590 / 36.5)
+    # a pod without the histograms: the window has no request times (and no speed)
+    bare = [pod_sample(0.0, expo(0, 0, 0, 0, 0, 0, 1)),
+            pod_sample(60.0, expo(100, 150, 90, 60, 400, 80, 1))]
+    w = window_counters(2, {"a": a, "bare": bare}, 0.0, 60.0)
+    assert w is not None and w.request_seconds is None and w.request_tokens is None
+    m = measure(w)
+    assert m is not None and m.request_speed is None
 
 
 def test_window_counters_without_step_count():
