@@ -211,9 +211,10 @@ def one_request(target: Target, prompt: list[int], stream: bool, max_tokens: int
 
 
 def client(endpoints: Any, stop: threading.Event, out: list[Outcome], seed: int,
-           max_tokens: int, served_name: str = SERVED_NAME) -> None:
+           max_tokens: int, served_name: str = SERVED_NAME, think_s: float = 0.0) -> None:
     """Sends one request after another to the endpoints `endpoints.current()` lists
-    (round robin), every other one streamed, until `stop`."""
+    (round robin), every other one streamed, until `stop`; `think_s` seconds between a
+    request's end and the next one (0: back to back)."""
     rng = random.Random(seed)
     prompts = traffic.prompts("predictable", 64, seed=seed)
     n = 0
@@ -228,6 +229,8 @@ def client(endpoints: Any, stop: threading.Event, out: list[Outcome], seed: int,
             continue
         out.append(one_request(live[n % len(live)], rng.choice(prompts), stream, max_tokens,
                                served_name))
+        if think_s > 0:
+            stop.wait(think_s)
 
 
 def wait_probe_ready(r: Replica, timeout: float = START_TIMEOUT) -> float:

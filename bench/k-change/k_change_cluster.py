@@ -191,12 +191,12 @@ class Traffic:
     """`concurrency` clients sending through `endpoints` until `stop`; outcomes kept."""
 
     def __init__(self, endpoints: Any, concurrency: int, served_name: str,
-                 max_tokens: int = 32) -> None:
+                 max_tokens: int = 32, think_s: float = 0.0) -> None:
         self.outcomes: list[Any] = []
         self._stop = threading.Event()
         self.threads = [threading.Thread(
             target=k_change.client, daemon=True,
-            args=(endpoints, self._stop, self.outcomes, i, max_tokens, served_name))
+            args=(endpoints, self._stop, self.outcomes, i, max_tokens, served_name, think_s))
             for i in range(concurrency)]
 
     def start(self) -> Traffic:
@@ -554,7 +554,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         wait(lambda: len(endpoints.current()) == args.replicas, 60, "the Service's endpoints",
              0.5)
         traffic = Traffic(endpoints, args.concurrency, served_model(endpoints.current()[0]),
-                          args.max_tokens).start()
+                          args.max_tokens, args.think_seconds).start()
         time.sleep(5)
         t_start = time.monotonic()
         error = None
@@ -580,7 +580,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
             "rollout": "surge" if args.gpus > args.replicas else "no-surge",
             "gpus": args.gpus, "replicas": args.replicas, "changes": len(pool.events),
             "changes_asked": args.changes, "error": error,
-            "concurrency": args.concurrency, "drain_seconds": args.drain_seconds,
+            "concurrency": args.concurrency, "think_s": args.think_seconds,
+            "drain_seconds": args.drain_seconds,
             "max_tokens": args.max_tokens, "seconds": round(time.monotonic() - t_start, 1),
             "events": pool.events, "total": k_change.summarise(traffic.outcomes),
             "by_kind": by_kind(pool.events, traffic.outcomes),
@@ -629,10 +630,16 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(t["failed_by_kind"].items())) or "-"
             lines.append(
                 f"| {r['when']} | {r['rollout']} | {r['gpus']} | {r['replicas']} | {kind} "
-                f"| {len(evs)} | {r['concurrency']} | {t['sent']} | {t['failed']} | {kinds} "
+                f"| {len(evs)} | {clients(r)} | {t['sent']} | {t['failed']} | {kinds} "
                 f"| {gaps} | {t['latency_s']['p50']} / {t['latency_s']['p95']} "
                 f"| {min(secs)}-{max(secs)} | {r['machine']['load1']:.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def clients(run: dict[str, Any]) -> str:
+    """The clients column: how many, and their pause between requests where they had one."""
+    think = run.get("think_s") or 0
+    return f"{run['concurrency']} (pause {think:g} s)" if think else str(run["concurrency"])
 
 
 def totals(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -677,6 +684,8 @@ def main() -> int:  # pragma: no cover - a bench run
     p.add_argument("--changes", type=int, default=4, help="events, alternating " +
                    " / ".join(EVENTS))
     p.add_argument("--concurrency", type=int, default=3)
+    p.add_argument("--think-seconds", type=float, default=0.0,
+                   help="each client's pause between a request's end and its next (0: none)")
     p.add_argument("--drain-seconds", type=int, default=120)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--tuning", action="store_true",
