@@ -212,6 +212,22 @@ def recommend(
     )
 
 
+RETURNED = "returned: "  # the reason of a trial returned on its windows' verdict
+
+
+def judged_in_regime(history: Sequence[Trial], running_k: int, since: float) -> frozenset[int]:
+    """The Ks whose trial from `running_k` was returned on its windows' verdict (not for a
+    change of load) since `since`, the oldest window of the running regime: tried once in this
+    regime, not again. A canary's windows are paired with the pool's over the same minutes,
+    when the Service splits the request rate over one pod more, so they rarely match the
+    pool's later windows (on the real kubelet node a canary of K=4 returned at +0.1 % was
+    tried again at once)."""
+    return frozenset(t.k for t in history
+                     if t.from_k == running_k and t.outcome == "returned"
+                     and t.reason.startswith(RETURNED) and t.ended is not None
+                     and t.ended.timestamp() >= since)
+
+
 def refused_by_trial(
     history: Sequence[Trial], k: int, running_k: int, since: float
 ) -> Trial | None:
@@ -400,7 +416,7 @@ def _judge(
                  f"windows ({each}; {where}{basis})")
     if gain >= policy.min_gain:
         return TuningDecision("adopt", trial.k, None, None, trial.k, f"adopted: {words}")
-    return TuningDecision("return", trial.from_k, None, None, None, f"returned: {words}")
+    return TuningDecision("return", trial.from_k, None, None, None, f"{RETURNED}{words}")
 
 
 def _with(d: TuningDecision, reason: str) -> TuningDecision:
@@ -479,6 +495,8 @@ def decide_tuning(
         return _with(base, f"{why}; no trial: waiting for a window at K={running_k} that "
                            "began after the last trial ended")
     aborted = frozenset(t.k for t in recent if t.outcome == "aborted")
+    if comp:
+        aborted = aborted | judged_in_regime(history, running_k, min(m.start for m in comp))
     full = capacity is not None and capacity.at_capacity and capacity.k == running_k
     if full:
         # requests already wait for KV space at this K; a deeper K holds no more of them (on

@@ -14,7 +14,15 @@ from itertools import pairwise
 
 import pytest
 
-from mtp_operator.tuning.decision import Guard, Policy, Trial, decide_tuning, next_trial, recommend
+from mtp_operator.tuning.decision import (
+    Guard,
+    Policy,
+    Trial,
+    decide_tuning,
+    judged_in_regime,
+    next_trial,
+    recommend,
+)
 from mtp_operator.tuning.estimator import (
     Estimate,
     better_on_less_load,
@@ -351,6 +359,36 @@ def test_requests_time_needs_the_same_request_rate():
     blind = dataclasses.replace(measure(_open(DEEP_WINS).window(4, start, SPAN, 1)),
                                 request_seconds=None)
     assert not same_offered_load(blind, measure(_open(DEEP_WINS).window(1, start, SPAN, 1)))
+
+
+def test_a_canary_returned_on_its_verdict_is_not_tried_again_in_the_same_regime():
+    # a canary's window has the request rate split over one pod more (3 pods, not 2), so the
+    # pool's later windows match neither its load nor its output: before this rule the same K
+    # was tried again at once (real kubelet node: K=4 returned at +0.1 %, then started again)
+    two_ks = policy((2, 3), trial_windows=1)  # K=2 is the only other candidate
+    rate = _open(LINEAR).arrival_rate
+    two, three = (dataclasses.replace(LINEAR, arrival_rate=rate * f) for f in (1.0, 2 / 3))
+    t = [T0.timestamp() + i * SPAN for i in range(5)]
+    before = measure(two.window(3, t[0], SPAN, 2))
+    inc, canary = measure(three.window(3, t[1], SPAN, 2)), measure(three.window(2, t[1], SPAN, 1))
+    d = decide_tuning(two_ks, 3, _trial(2, 3, at=T0 + timedelta(seconds=SPAN)), [],
+                      [before, inc, canary], Guard(), T0 + timedelta(seconds=2 * SPAN), 2)
+    assert d.action == "return" and d.reason.startswith("returned: "), d
+    ended = _trial(2, 3, at=T0 + timedelta(seconds=SPAN))
+    ended = dataclasses.replace(ended, ended=T0 + timedelta(seconds=2 * SPAN),
+                                outcome="returned", reason=d.reason)
+    after = [measure(two.window(3, t[i], SPAN, 2)) for i in (2, 3)]
+    assert not comparable(canary, after[-1]) and not same_offered_load(canary, after[-1])
+    table = [before, inc, canary, *after]
+    d = decide_tuning(two_ks, 3, None, [ended], table, Guard(),
+                      T0 + timedelta(seconds=4 * SPAN), 2)
+    assert d.action == "hold" and d.trial_k is None, d
+    assert judged_in_regime([ended], 3, before.start) == {2}
+    # a new regime (its oldest window after the trial's end) may try K=2 again, and a trial
+    # returned for a change of load is not a verdict on K
+    assert judged_in_regime([ended], 3, after[0].start + SPAN) == frozenset()
+    moved = dataclasses.replace(ended, reason="trial of K=2: load or traffic changed")
+    assert judged_in_regime([moved], 3, before.start) == frozenset()
 
 
 @pytest.mark.parametrize(
