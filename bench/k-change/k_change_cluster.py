@@ -538,7 +538,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
                                                     "--alerts-address", f"127.0.0.1:{port}",
                                                     "--alerts-token-file",
                                                     str(work / "token")]).start()
-        spec = pool_spec(image, SPEC_KS[0], args.replicas, PRODUCT, LABEL, TOLERATION,
+        spec = pool_spec(image, args.start_k, args.replicas, PRODUCT, LABEL, TOLERATION,
                          args.drain_seconds)
         if args.tuning:
             spec["speculative"]["tuning"] = dict(TUNING)
@@ -547,7 +547,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         pool = PoolUnderTraffic(kubectl, ns, spec, f"http://127.0.0.1:{port}/alerts", token,
                                 PRODUCT, settle_timeout_s=max(600, 300 * args.replicas))
         pool.apply()
-        wait(lambda: settled(kubectl, ns, RESOURCE, SPEC_KS[0], args.replicas), 900,
+        wait(lambda: settled(kubectl, ns, RESOURCE, args.start_k, args.replicas), 900,
              "the pool Ready")
         (svc,) = json.loads(kubectl("get", "svc", "-n", ns, "-o", "json").stdout)["items"]
         endpoints = SliceEndpoints(Api(sb.kubeconfig), ns, svc["metadata"]["name"]).start()
@@ -581,6 +581,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
             "gpus": args.gpus, "replicas": args.replicas, "changes": len(pool.events),
             "changes_asked": args.changes, "error": error,
             "concurrency": args.concurrency, "think_s": args.think_seconds,
+            "start_k": args.start_k,
             "drain_seconds": args.drain_seconds,
             "max_tokens": args.max_tokens, "seconds": round(time.monotonic() - t_start, 1),
             "events": pool.events, "total": k_change.summarise(traffic.outcomes),
@@ -684,6 +685,9 @@ def main() -> int:  # pragma: no cover - a bench run
     p.add_argument("--changes", type=int, default=4, help="events, alternating " +
                    " / ".join(EVENTS))
     p.add_argument("--concurrency", type=int, default=3)
+    p.add_argument("--start-k", type=int, default=SPEC_KS[0],
+                   help="the spec's K at the start (with --tuning only; the changes of a run "
+                        "without it alternate between the K of SPEC_KS)")
     p.add_argument("--think-seconds", type=float, default=0.0,
                    help="each client's pause between a request's end and its next (0: none)")
     p.add_argument("--drain-seconds", type=int, default=120)
@@ -703,6 +707,8 @@ def main() -> int:  # pragma: no cover - a bench run
         runs = json.loads(args.markdown.read_text())["runs"]
         print(markdown(runs) + "\n" + totals_markdown(runs), end="")
         return 0
+    if args.start_k != SPEC_KS[0] and not args.tuning:
+        p.error(f"--start-k: only with --tuning (the changes alternate between K={SPEC_KS})")
     args.gpus = args.replicas + 1 if args.gpus is None else args.gpus
     k_change.finish(run_bench(args), args.record)
     return 0
