@@ -44,8 +44,9 @@ Rules, in order:
    K that the sweep put 10 % ahead).
 5. `Auto` only, within `maxTrialsPerDay` (24 h sliding), not within one observation window
    of the last trial's end and only once a window at the incumbent K began after that end
-   (the pool runs its K again: after a whole-pool trial that is a pod's start-up later): the
-   next trial is the first of
+   (the pool runs its K again: after a whole-pool trial that is a pod's start-up later), and
+   only once every replica ran the incumbent K through the latest window (no rollout or start
+   in progress): the next trial is the first of
    a. no K ≥ 1 measured: the deepest candidate (its counters give every smaller K's tokens
       per step);
    b. fewer than two K ≥ 1 measured: the candidate ≥ 1 farthest from the measured one (a
@@ -494,6 +495,14 @@ def decide_tuning(
         # real kubelet node: 8 trials of K=4 in a row, each returned, the pool never at K=2)
         return _with(base, f"{why}; no trial: waiting for a window at K={running_k} that "
                            "began after the last trial ended")
+    if current.replicas < replicas:
+        # a rollout (an adoption's, a spec edit's) or a pod's start is still going on: a
+        # canary now would take the slot the rollout's next pod needs, and its windows would
+        # meet a pool still starting (seen on the real kubelet node: a canary started 5 min
+        # into an adoption's rollout of 2 replicas)
+        return _with(base, f"{why}; no trial: {current.replicas} of {replicas} replicas ran "
+                           f"K={running_k} through the last window (a rollout or a start is "
+                           "in progress)")
     aborted = frozenset(t.k for t in recent if t.outcome == "aborted")
     if comp:
         aborted = aborted | judged_in_regime(history, running_k, min(m.start for m in comp))

@@ -201,7 +201,7 @@ def test_whole_pool_trial_compares_with_the_window_before_it():
 
 
 def test_rollback_wins():
-    table = _table(LINEAR, [3])
+    table = _table(LINEAR, [3], replicas=2)  # the 2-replica pool's window
     now = T0 + timedelta(seconds=SPAN)
     for guard in (Guard(alert_firing=True), Guard(rollback_pinned=True),
                   Guard(cooldown_until=now + timedelta(seconds=1))):
@@ -215,7 +215,7 @@ def test_rollback_wins():
 
 
 def test_trial_budget_and_settling():
-    table = _table(LINEAR, [3])
+    table = _table(LINEAR, [3], replicas=2)
     now = T0 + timedelta(hours=5)
     done = [Trial(1, 3, now - timedelta(hours=h), "canary", now - timedelta(hours=h) +
                   timedelta(seconds=SPAN), "returned") for h in (1, 2)]
@@ -246,7 +246,7 @@ def test_no_measurement_yet_holds():
 
 
 def test_an_aborted_k_is_not_tried_again_that_day():
-    table = _table(LINEAR, [3])  # the pool's window at K=3 after the trial ended
+    table = _table(LINEAR, [3], replicas=2)  # the pool's window at K=3 after the trial ended
     now = T0 + timedelta(hours=1)
     aborted = [Trial(1, 3, T0 - timedelta(minutes=30), "canary", T0 - timedelta(minutes=20),
                      "aborted")]
@@ -359,6 +359,21 @@ def test_requests_time_needs_the_same_request_rate():
     blind = dataclasses.replace(measure(_open(DEEP_WINS).window(4, start, SPAN, 1)),
                                 request_seconds=None)
     assert not same_offered_load(blind, measure(_open(DEEP_WINS).window(1, start, SPAN, 1)))
+
+
+def test_no_trial_while_the_pool_rolls():
+    # an adoption's rollout of 2 replicas: the first window at the new K has one replica
+    # (real kubelet node: a canary was started 5 min into such a rollout, taking the slot the
+    # rollout's next pod needed)
+    adopted = Trial(4, 1, T0 - timedelta(seconds=3 * SPAN), "canary",
+                    T0 - timedelta(seconds=2 * SPAN), "adopted", "adopted: K=4 vs K=1")
+    rolling = [measure(DEEP_WINS.window(4, T0.timestamp() - SPAN, SPAN, 1))]
+    d = decide_tuning(policy(range(5)), 4, None, [adopted], rolling, Guard(), T0, 2)
+    assert d.action == "hold" and "1 of 2 replicas ran K=4" in d.reason, d
+    rolled = [*rolling, measure(DEEP_WINS.window(4, T0.timestamp(), SPAN, 2))]
+    d = decide_tuning(policy(range(5)), 4, None, [adopted], rolled, Guard(),
+                      T0 + timedelta(seconds=SPAN), 2)
+    assert d.action == "start_trial", d
 
 
 def test_a_canary_returned_on_its_verdict_is_not_tried_again_in_the_same_regime():
@@ -726,7 +741,8 @@ def test_a_recommended_k_measured_without_a_trial_is_tried_once():
     then K=4 stayed recommended at +50 % while the pool held K=1, because rules a-d only try
     Ks with no comparable window. The recommended K is tried, once."""
     t0 = T0.timestamp()
-    table = [measure(DEEP_WINS.window(k, t0 + i * SPAN, SPAN, 1))
+    # the pool's 2 replicas, but the canary's window (one pod)
+    table = [measure(DEEP_WINS.window(k, t0 + i * SPAN, SPAN, 1 if k == 4 else 2))
              for i, k in enumerate([0, 4, 1, 1, 1])]  # the last after the adoption
     adopted = Trial(1, 0, T0 + timedelta(seconds=2 * SPAN - 1), "canary",
                     T0 + timedelta(seconds=4 * SPAN), "adopted", "adopted: K=1 vs K=0")
@@ -741,7 +757,7 @@ def test_a_recommended_k_measured_without_a_trial_is_tried_once():
                      "returned: K=4 vs K=1: median +1.0 % over 3 windows")
     later = now + timedelta(seconds=3 * SPAN)
     table.append(measure(DEEP_WINS.window(1, (now + timedelta(seconds=SPAN)).timestamp(), SPAN,
-                                          1)))  # the pool's window after that trial's end
+                                          2)))  # the pool's window after that trial's end
     d = decide_tuning(pol, 1, None, [adopted, returned], table, Guard(), later, 2)
     assert d.action == "hold" and d.recommended_k == 1
     assert "waiting for a window" not in d.reason, d.reason
