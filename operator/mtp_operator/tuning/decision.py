@@ -224,9 +224,13 @@ def judged_in_regime(history: Sequence[Trial], running_k: int, since: float) -> 
     pool's later windows (on the real kubelet node a canary of K=4 returned at +0.1 % was
     tried again at once)."""
     return frozenset(t.k for t in history
-                     if t.from_k == running_k and t.outcome == "returned"
-                     and t.reason.startswith(RETURNED) and t.ended is not None
-                     and t.ended.timestamp() >= since)
+                     if _returned_since(t, running_k, since) and t.reason.startswith(RETURNED))
+
+
+def _returned_since(t: Trial, running_k: int, since: float) -> bool:
+    """A trial from `running_k` that returned at or after `since` (epoch seconds)."""
+    return (t.from_k == running_k and t.outcome == "returned" and t.ended is not None
+            and t.ended.timestamp() >= since)
 
 
 def refused_by_trial(
@@ -236,9 +240,7 @@ def refused_by_trial(
     that still counts, epoch seconds): its paired windows already said K is not `minGain`
     better, and they outrank estimates from windows of different times. An aborted trial
     said nothing of K's worth."""
-    lost = [t for t in history if t.k == k and t.from_k == running_k
-            and t.outcome == "returned" and t.ended is not None
-            and t.ended.timestamp() >= since]
+    lost = [t for t in history if t.k == k and _returned_since(t, running_k, since)]
     return max(lost, key=lambda t: t.ended) if lost else None  # type: ignore[arg-type,return-value]
 
 
@@ -268,7 +270,8 @@ def next_trial(
     min_gain: float, skip: frozenset[int] = frozenset(), fit: CostFit | None = None,
 ) -> tuple[int | None, str]:
     """Rule 5's choice among the candidates without a comparable measurement (and not in
-    `skip`: K whose trial was aborted in the last 24 h)."""
+    `skip`: K whose trial was aborted in the last 24 h or returned on its verdict in this
+    regime)."""
     measured = {m.k for m in table}
     untried = [k for k in sorted(set(candidates)) if k not in measured and k not in skip]
     if not untried:
@@ -503,17 +506,18 @@ def decide_tuning(
         return _with(base, f"{why}; no trial: {current.replicas} of {replicas} replicas ran "
                            f"K={running_k} through the last window (a rollout or a start is "
                            "in progress)")
-    aborted = frozenset(t.k for t in recent if t.outcome == "aborted")
+    # not tried now: aborted in the last 24 h, or returned on its verdict in this regime
+    skip = frozenset(t.k for t in recent if t.outcome == "aborted")
     if comp:
-        aborted = aborted | judged_in_regime(history, running_k, min(m.start for m in comp))
+        skip = skip | judged_in_regime(history, running_k, min(m.start for m in comp))
     full = capacity is not None and capacity.at_capacity and capacity.k == running_k
     if full:
         # requests already wait for KV space at this K; a deeper K holds no more of them (on
         # hybrid models fewer), and a trial's estimate knows nothing of capacity
-        aborted = aborted | frozenset(k for k in policy.candidates if k > running_k)
-    k, reason = untried_recommendation(history, comp, rec, running_k, aborted)
+        skip = skip | frozenset(k for k in policy.candidates if k > running_k)
+    k, reason = untried_recommendation(history, comp, rec, running_k, skip)
     if k is None:
-        k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain, aborted, fit)
+        k, reason = next_trial(comp, policy.candidates, ests, policy.min_gain, skip, fit)
     if full:
         reason = f"{reason} (no deeper K tried: at KV capacity, {capacity.describe()})"
     if k is None or k == running_k:
