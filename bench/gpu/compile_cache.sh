@@ -4,6 +4,10 @@
 #
 #   CC_KS=2 CC_COMPILATION=production CC_BUDGET_S=570 bash bench/gpu/compile_cache.sh
 #
+# CC_VIA=runtime: each start with an empty HOME and no cache variable set, the folder named as
+# the pool's model cache in its config, so the runtime's own choice (mtp_runtime.model_cache.
+# compile_cache_env) is what keeps the kernels. CC_STARTS picks the starts (default below).
+#
 # Three engine starts of the 27B-class hybrid (realsize.py, one short point each), every one
 # with HOME and every cache variable vLLM, Triton, torch and CUDA read pointed into one folder
 # (what a cache volume mounted into the pod would hold):
@@ -20,7 +24,7 @@ T0=$(date +%s)
 left() { echo $(( ${CC_BUDGET_S:-570} - ($(date +%s) - T0) )); }
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tee "$OUT/card.txt"
 last=0
-for start in cold:A warm:A fresh:B; do
+for start in ${CC_STARTS:-cold:A warm:A fresh:B}; do
   name="${start%%:*}"; root="/tmp/compile-cache-${start##*:}"
   need=${CC_COLD_S:-260}
   [ "$last" -eq 0 ] || need=$(( last + 40 ))
@@ -31,16 +35,28 @@ for start in cold:A warm:A fresh:B; do
   fi
   mkdir -p "$root/home" "$OUT/$name"
   t=$(date +%s)
-  HOME="$root/home" XDG_CACHE_HOME="$root/xdg" VLLM_CACHE_ROOT="$root/vllm" \
-    TRITON_CACHE_DIR="$root/triton" TORCHINDUCTOR_CACHE_DIR="$root/inductor" \
-    CUDA_CACHE_PATH="$root/nv" FLASHINFER_WORKSPACE_BASE="$root/flashinfer" \
-    OUT="$OUT/$name" REALSIZE_KINDS=qwen35-27b REALSIZE_KS="${CC_KS:-2}" \
-    REALSIZE_ARGS="--levels 0.8 --concurrency 1 --per-k-estimate 60 --compilation ${CC_COMPILATION:-production}" \
-    REALSIZE_BUDGET_S="$(( $(left) - 10 ))" bash .gpu-carry/realsize.sh > "$OUT/$name/call.log" 2>&1
+  args="--levels 0.8 --concurrency 1 --per-k-estimate 60 --compilation ${CC_COMPILATION:-production}"
+  if [ "${CC_VIA:-env}" = runtime ]; then
+    # the runtime's own choice: a fresh HOME each start (nothing kept outside the folder), the
+    # folder named as the pool's model cache, so mtp-runtime sets the variables it keeps
+    home="/tmp/compile-home-$name-$(date +%s)"; mkdir -p "$home"
+    HOME="$home" OUT="$OUT/$name" REALSIZE_KINDS=qwen35-27b REALSIZE_KS="${CC_KS:-2}" \
+      REALSIZE_ARGS="$args --model-cache $root" \
+      REALSIZE_BUDGET_S="$(( $(left) - 10 ))" bash .gpu-carry/realsize.sh > "$OUT/$name/call.log" 2>&1
+  else
+    HOME="$root/home" XDG_CACHE_HOME="$root/xdg" VLLM_CACHE_ROOT="$root/vllm" \
+      TRITON_CACHE_DIR="$root/triton" TORCHINDUCTOR_CACHE_DIR="$root/inductor" \
+      CUDA_CACHE_PATH="$root/nv" FLASHINFER_WORKSPACE_BASE="$root/flashinfer" \
+      OUT="$OUT/$name" REALSIZE_KINDS=qwen35-27b REALSIZE_KS="${CC_KS:-2}" REALSIZE_ARGS="$args" \
+      REALSIZE_BUDGET_S="$(( $(left) - 10 ))" bash .gpu-carry/realsize.sh > "$OUT/$name/call.log" 2>&1
+  fi
   took=$(( $(date +%s) - t ))
   [ "$name" = cold ] && last=$took
-  du -s --block-size=1M "$root"/* "$root"/home/.[a-z]* "$root"/home/.cache/* 2>/dev/null \
-    > "$OUT/$name/cache-du.txt"
+  [ "$name" = fresh ] && [ "$last" -eq 0 ] && last=$took
+  du -s --block-size=1K "$root"/* "$root"/*/* "$root"/home/.[a-z]* "$root"/home/.cache/* \
+    2>/dev/null > "$OUT/$name/cache-du.txt"
+  grep -ho '"VLLM_CACHE_ROOT": "[^"]*"\|"TRITON_CACHE_DIR": "[^"]*"' "$OUT/$name/realsize.log" \
+    /tmp/mtp-realsize/*-serve-k*.log 2>/dev/null | sort -u >> "$OUT/$name/cache-du.txt"
   ready=$(grep -ho '"ready_s": [0-9.]*' "$OUT/$name"/*-results.json 2>/dev/null | head -1)
   echo "$name ($root): ${took} s for the call, ${ready:-no ready_s}" | tee -a "$OUT/summary.txt"
 done

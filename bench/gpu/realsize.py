@@ -213,8 +213,9 @@ def start_facts(log_text: str) -> dict:
 
 
 def pool_config(model: str, kind: str, k: int, extra: list[str], product: str,
-                max_model_len: int) -> dict:
-    return {"serve": {"model": model, "num_speculative_tokens": k,
+                max_model_len: int, model_cache: str = "") -> dict:
+    cache = {"model_cache": {"path": model_cache, "kind": "hostPath"}} if model_cache else {}
+    return {**cache,"serve": {"model": model, "num_speculative_tokens": k,
                       "method": realsize_models.METHODS[kind],
                       "port": PORT, "tensor_parallel_size": 1,
                       "max_model_len": str(max_model_len), "reasoning_parser": None,
@@ -246,6 +247,9 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--gpu-memory-utilization", default="0.90")
     ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument("--model-cache", default="",
+                    help="a folder the pool config names as its (hostPath) model cache: the "
+                         "runtime then keeps compiled kernels there, as in a pod")
     ap.add_argument("--per-k-estimate", type=float, default=110.0)
     ap.add_argument("--ready-timeout", type=float, default=400.0)
     ap.add_argument("--work", type=Path, default=Path("/tmp/mtp-realsize"))
@@ -296,7 +300,8 @@ def main() -> int:
             save()
             continue
         t_k = time.monotonic()
-        cfg = pool_config(str(model), args.kind, k, extra, product, args.max_model_len)
+        cfg = pool_config(str(model), args.kind, k, extra, product, args.max_model_len,
+                          args.model_cache)
         cfg_path = args.work / f"{tag}-k{k}.json"
         cfg_path.write_text(json.dumps(cfg))
         printed = subprocess.run([sys.executable, "-m", "mtp_runtime.cli", "print-args",

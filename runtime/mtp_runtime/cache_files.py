@@ -20,6 +20,7 @@ from mtp_runtime.model_cache import (
     Inventory,
     ModelCache,
     cache_env,
+    compile_cache_env,
     hub_cache_dir,
     inside,
     marker_path,
@@ -143,7 +144,8 @@ class CachePlan:
 
 
 def plan_cache(
-    source: str, model: str, cache: ModelCache | None, environ: Mapping[str, str]
+    source: str, model: str, cache: ModelCache | None, environ: Mapping[str, str],
+    device: str = "",
 ) -> CachePlan:
     """The cache's environment for vLLM and the files present before it starts. Raises
     CacheEscapeError when the cache reaches outside its root (`check_confined`)."""
@@ -155,8 +157,10 @@ def plan_cache(
     before = {} if local else inventory(folder)
     complete = cache is not None and read_marker(cache, source, model, before)
     offline, reason = offline_decision(local, cache, complete, bool(before))
-    return CachePlan(hub, folder, cache_env(source, cache, offline), offline, reason, local,
-                     before)
+    env = cache_env(source, cache, offline)
+    if cache is not None:
+        env.update(compile_cache_env(cache, environ, writable(cache.path), device))
+    return CachePlan(hub, folder, env, offline, reason, local, before)
 
 
 def writable(folder: str) -> bool:

@@ -106,7 +106,8 @@ def make_plan(args: argparse.Namespace) -> LaunchPlan:
 
 def model_load(launch: LaunchPlan) -> ModelLoad:
     try:
-        return ModelLoad(launch.settings, launch.model_cache, os.environ, log)
+        return ModelLoad(launch.settings, launch.model_cache, os.environ, log,
+                         str(launch.gpu.get("product") or ""))
     except CacheEscapeError as exc:
         raise CLIError(EXIT_CONFIG, "model_cache_unsafe", f"cannot start vLLM: {exc}") from exc
 

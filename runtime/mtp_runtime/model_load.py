@@ -48,11 +48,12 @@ class ModelLoad:
         volume: ModelCache | None,
         environ: dict[str, str] | os._Environ[str],
         log: Callable[..., None],
+        device: str = "",
     ) -> None:
         self.settings = settings
         self.volume = volume
         self.log = log
-        self.plan = plan_cache(settings.model_source, settings.model, volume, environ)
+        self.plan = plan_cache(settings.model_source, settings.model, volume, environ, device)
         self.report: LoadReport | None = None
 
     @property

@@ -23,6 +23,7 @@ from mtp_runtime.model_cache import (
     ModelCache,
     cache_env,
     compare,
+    compile_cache_env,
     hub_cache_dir,
     marker_path,
     model_dir,
@@ -76,6 +77,37 @@ def test_cache_env() -> None:
         "MODELSCOPE_CACHE": "/model-cache/modelscope",
         "HF_HUB_OFFLINE": "1",
     }
+
+
+def test_compile_cache_env_only_for_a_cache_this_pod_can_write() -> None:
+    cache = ModelCache("/model-cache", "hostPath")
+    kernels = {"VLLM_CACHE_ROOT": "/model-cache/compile/NVIDIA-H100-80GB-HBM3/vllm",
+               "TRITON_CACHE_DIR": "/model-cache/compile/NVIDIA-H100-80GB-HBM3/triton"}
+    assert compile_cache_env(cache, {}, True, "NVIDIA-H100-80GB-HBM3") == kernels
+    # each product its own folder (a claim shared by pools on two GPUs); odd names made safe
+    assert compile_cache_env(cache, {}, True, "NVIDIA A100/80GB")["TRITON_CACHE_DIR"] \
+        == "/model-cache/compile/NVIDIA-A100-80GB/triton"
+    assert compile_cache_env(cache, {}, True)["VLLM_CACHE_ROOT"] == "/model-cache/compile/any/vllm"
+    # none, read-only, or not writable by this user: the container's own folders, as before
+    assert compile_cache_env(None, {}, writable=True) == {}
+    assert compile_cache_env(ModelCache("/model-cache", "hostPath", True), {}, True) == {}
+    assert compile_cache_env(cache, {}, writable=False) == {}
+    # the pod's own setting wins, an empty one does not count as set
+    mine = {"VLLM_CACHE_ROOT": "/mine", "TRITON_CACHE_DIR": ""}
+    assert compile_cache_env(cache, mine, writable=True) == {
+        "TRITON_CACHE_DIR": "/model-cache/compile/any/triton"}
+
+
+def test_plan_cache_keeps_compiled_kernels_in_a_writable_cache(tmp_path) -> None:
+    writable = plan_cache("huggingface", MODEL, ModelCache(str(tmp_path), "hostPath"), {},
+                          "NVIDIA-L40S")
+    assert writable.env["VLLM_CACHE_ROOT"] == str(tmp_path / "compile" / "NVIDIA-L40S" / "vllm")
+    assert writable.env["TRITON_CACHE_DIR"] == str(tmp_path / "compile" / "NVIDIA-L40S" / "triton")
+    ro = plan_cache("huggingface", MODEL, ModelCache(str(tmp_path), "hostPath", True), {})
+    assert "VLLM_CACHE_ROOT" not in ro.env and "TRITON_CACHE_DIR" not in ro.env
+    own = plan_cache("huggingface", MODEL, ModelCache(str(tmp_path), "hostPath"),
+                     {"TRITON_CACHE_DIR": "/pod/triton"})
+    assert "TRITON_CACHE_DIR" not in own.env  # the pod's variable reaches vLLM unchanged
 
 
 def test_inventory_counts_complete_blobs_once(tmp_path) -> None:
