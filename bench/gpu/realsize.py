@@ -215,7 +215,7 @@ def start_facts(log_text: str) -> dict:
 def pool_config(model: str, kind: str, k: int, extra: list[str], product: str,
                 max_model_len: int, model_cache: str = "") -> dict:
     cache = {"model_cache": {"path": model_cache, "kind": "hostPath"}} if model_cache else {}
-    return {**cache,"serve": {"model": model, "num_speculative_tokens": k,
+    return {**cache, "serve": {"model": model, "num_speculative_tokens": k,
                       "method": realsize_models.METHODS[kind],
                       "port": PORT, "tensor_parallel_size": 1,
                       "max_model_len": str(max_model_len), "reasoning_parser": None,

@@ -157,9 +157,9 @@ def plan_cache(
     before = {} if local else inventory(folder)
     complete = cache is not None and read_marker(cache, source, model, before)
     offline, reason = offline_decision(local, cache, complete, bool(before))
-    env = cache_env(source, cache, offline)
-    if cache is not None:
-        env.update(compile_cache_env(cache, environ, writable(cache.path), device))
+    env = {**cache_env(source, cache, offline),
+           **compile_cache_env(cache, environ, cache is not None and writable(cache.path),
+                               device)}
     return CachePlan(hub, folder, env, offline, reason, local, before)
 
 

@@ -109,8 +109,13 @@ def compare(before: Inventory, after: Inventory, local: bool = False) -> LoadRep
     return LoadReport(origin, len(new), sum(new.values()), len(kept), sum(kept.values()))
 
 
+def _file_name(text: str) -> str:
+    """`text` as one safe file name: anything but letters, digits and -_. becomes -."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
+
+
 def marker_path(cache: ModelCache, source: str, model: str) -> Path:
-    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in model.replace("/", "--"))
+    name = _file_name(model.replace("/", "--"))
     return Path(cache.path) / MARKER_DIR / "complete" / source / f"{name}.json"
 
 
@@ -128,10 +133,11 @@ def cache_env(source: str, cache: ModelCache | None, offline: bool) -> dict[str,
     return env
 
 
-# Where compiled kernels go in a writable cache volume: vLLM's torch.compile artefacts and
-# Triton's kernels. Each change of K starts new pods; without this each compiles again.
+# Where compiled kernels go in a writable cache volume (variable: folder below
+# <cache>/compile/<product>): vLLM's torch.compile artefacts and Triton's kernels. Each change
+# of K starts new pods; without this each compiles again.
 COMPILE_DIR = "compile"
-COMPILE_ENV = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR")
+COMPILE_ENV = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton"}
 
 
 def compile_cache_env(
@@ -149,10 +155,9 @@ def compile_cache_env(
     folder do not corrupt it."""
     if cache is None or cache.read_only or not writable:
         return {}
-    key = "".join(c if c.isalnum() or c in "-_." else "-" for c in device) or "any"
-    base = Path(cache.path) / COMPILE_DIR / key
-    wanted = {"VLLM_CACHE_ROOT": str(base / "vllm"), "TRITON_CACHE_DIR": str(base / "triton")}
-    return {name: value for name, value in wanted.items() if not environ.get(name)}
+    base = Path(cache.path) / COMPILE_DIR / (_file_name(device) or "any")
+    return {name: str(base / folder) for name, folder in COMPILE_ENV.items()
+            if not environ.get(name)}
 
 
 def offline_decision(
