@@ -294,6 +294,22 @@ def settled_pods(pods: list[dict[str, Any]], k: int, replicas: int) -> list[dict
     return pods
 
 
+def without_canaries(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pool's own pods: the tuner's canary (label LABEL_CANARY) left out. Pure."""
+    return [p for p in pods
+            if (p["metadata"].get("labels") or {}).get(LABEL_CANARY) != "true"]
+
+
+def reset_k(reset_ks: list[int], adopted: int, resets: int) -> int:
+    """The spec K the bench edits to after its `resets`-th adoption (0-based): the next of
+    `reset_ks` in turn, skipping the K just adopted (an edit to it changes no pod). Pure."""
+    for i in range(len(reset_ks)):
+        k = reset_ks[(resets + i) % len(reset_ks)]
+        if k != adopted:
+            return k
+    raise ValueError(f"--reset-ks {reset_ks}: none differs from the adopted K={adopted}")
+
+
 def trial_event(prev: dict[str, Any] | None, prev_ended: int, trial: dict[str, Any] | None,
                 trials: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
     """The trial event between two reads of a pool's `status.tuning` (`trial`, `trials`):
@@ -376,8 +392,10 @@ class PoolUnderTraffic:
         (pool,) = obj["status"]["pools"]
         return int(pool["numSpeculativeTokens"])
 
-    def change(self, kind: str, traffic: Traffic) -> dict[str, Any]:
-        """One K change of `kind`, waited for until the pool has settled at the new K."""
+    def change(self, kind: str, traffic: Traffic, to_k: int | None = None) -> dict[str, Any]:
+        """One K change of `kind`, waited for until the pool has settled at the new K; a
+        spec edit to `to_k` when given (else to the other of SPEC_KS). A canary the tuner
+        starts meanwhile is not the pool's (a tuning pool may start one as it settles)."""
         k_from = self.running_k()
         spec_k = self.spec["speculative"]["numSpeculativeTokens"]
         mark = len(traffic.outcomes)
@@ -392,14 +410,15 @@ class PoolUnderTraffic:
                 raise RuntimeError(f"the webhook changed nothing: {answer}")
             k_to = k_from - 1
         elif kind == "spec-edit":
-            k_to = SPEC_KS[1] if spec_k == SPEC_KS[0] else SPEC_KS[0]
+            k_to = to_k if to_k is not None else (
+                SPEC_KS[1] if spec_k == SPEC_KS[0] else SPEC_KS[0])
             self.spec["speculative"]["numSpeculativeTokens"] = k_to
             self.apply()
         else:
             raise ValueError(f"unknown event {kind!r}")
-        pods = wait(lambda: settled(self.kubectl, self.namespace, RESOURCE, k_to,
-                                    self.replicas), self.settle_timeout_s,
-                    f"{kind}: the pool settled at K={k_to}")
+        pods = wait(lambda: settled_pods(without_canaries(pool_pods(
+                        self.kubectl, self.namespace, RESOURCE)), k_to, self.replicas),
+                    self.settle_timeout_s, f"{kind}: the pool settled at K={k_to}")
         return self._record(traffic, mark, t0, pods, kind=kind, k_from=k_from, k_to=k_to,
                             old_pods=sorted(before))
 
@@ -435,12 +454,24 @@ class PoolUnderTraffic:
                 "tokensPerStep", "windowEnd", "replicas")
         return [{k: m.get(k) for k in keep} for m in self._tuning_status().get("measured") or []]
 
-    def watch_trials(self, traffic: Traffic, events: int, until: float) -> None:
+    def tuning_generation(self) -> tuple[int | None, int | None]:
+        """The resource's generation and the one its pool's status.tuning was written for."""
+        obj = json.loads(self.kubectl("get", "mtpi", RESOURCE, "-n", self.namespace, "-o",
+                                      "json").stdout)
+        pools = (obj.get("status") or {}).get("pools") or []
+        tuning = (pools[0].get("tuning") or {}) if pools else {}
+        return obj["metadata"].get("generation"), tuning.get("generation")
+
+    def watch_trials(self, traffic: Traffic, events: int, until: float,
+                     reset_ks: list[int] | None = None) -> None:
         """Record the tuner's trial events (`trial_event`) until `events` are recorded or the
-        monotonic clock passes `until`; each waited for until the pool carried it out."""
+        monotonic clock passes `until`; each waited for until the pool carried it out. With
+        `reset_ks`, each adoption is followed by a spec edit of K (`reset_k`, recorded as a
+        `spec-edit` with `reset: true`): a new generation, from which the tuner starts over,
+        so adoptions recur instead of ending once the pool runs its best K."""
         prev, trials = self.tuning()
         prev_ended = len(trials)
-        recorded = 0
+        recorded = resets = 0
         while recorded < events and time.monotonic() < until:
             trial, trials = self.tuning()
             found = trial_event(prev, prev_ended, trial, trials)
@@ -471,6 +502,18 @@ class PoolUnderTraffic:
                 prev = trial if trial is not None else which
             else:
                 prev, prev_ended = None, len(trials)
+            if kind == "adoption" and reset_ks and recorded < events:
+                ev = self.change("spec-edit", traffic, reset_k(reset_ks, which["k"], resets))
+                ev["reset"] = True
+                resets += 1
+                recorded += 1
+                print(json.dumps({"event": len(self.events), **ev}), flush=True)
+                # the trials of the new generation: once the tuner has written its status
+                wait(lambda: len(set(self.tuning_generation())) == 1, 120,
+                     "status.tuning of the new generation")
+                # a trial already running is this generation's first: its start is next
+                prev, trials = None, self.tuning()[1]
+                prev_ended = len(trials)
 
 
 def served_model(target: Any) -> str:
@@ -561,7 +604,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         try:  # a change that never settles ends the run, which still records what it made
             if args.tuning:  # the tuner makes the changes: record them as they come
                 pool.watch_trials(traffic, args.changes,
-                                  t_start + (args.max_seconds or float("inf")))
+                                  t_start + (args.max_seconds or float("inf")),
+                                  args.reset_ks)
             for i in range(0 if args.tuning else args.changes):
                 if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
                     print(f"stopping after {i} of {args.changes} changes: past --max-seconds "
@@ -581,7 +625,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
             "gpus": args.gpus, "replicas": args.replicas, "changes": len(pool.events),
             "changes_asked": args.changes, "error": error,
             "concurrency": args.concurrency, "think_s": args.think_seconds,
-            "start_k": args.start_k,
+            "start_k": args.start_k, "reset_ks": args.reset_ks,
             "drain_seconds": args.drain_seconds,
             "max_tokens": args.max_tokens, "seconds": round(time.monotonic() - t_start, 1),
             "events": pool.events, "total": k_change.summarise(traffic.outcomes),
@@ -696,6 +740,10 @@ def main() -> int:  # pragma: no cover - a bench run
                    help="the pool tunes K (spec.speculative.tuning Auto, 20 s windows): the "
                    "events are the tuner's trials (" + " / ".join(TRIAL_EVENTS) + "), "
                    "--changes of them at most")
+    p.add_argument("--reset-ks", type=lambda v: [int(k) for k in v.split(",")],
+                   default=None, metavar="K,K",
+                   help="with --tuning: after each adoption edit the spec's K to the next of "
+                   "these (not the adopted one), so the tuner starts over and adopts again")
     p.add_argument("--max-seconds", type=float, default=0,
                    help="start no further change once this long has passed (0: no limit); "
                    "the run records the changes it made")
@@ -709,6 +757,8 @@ def main() -> int:  # pragma: no cover - a bench run
         return 0
     if args.start_k != SPEC_KS[0] and not args.tuning:
         p.error(f"--start-k: only with --tuning (the changes alternate between K={SPEC_KS})")
+    if args.reset_ks and not args.tuning:
+        p.error("--reset-ks: only with --tuning (it follows the tuner's adoptions)")
     args.gpus = args.replicas + 1 if args.gpus is None else args.gpus
     k_change.finish(run_bench(args), args.record)
     return 0

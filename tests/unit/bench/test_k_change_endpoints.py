@@ -184,3 +184,24 @@ def test_totals_sum_every_operator_run_per_replicas_rollout_and_kind() -> None:
     assert rows[2, "rollback"]["outcomes"] == {}
     assert "| 2 | surge | canary-end | 3 | 2 | 9 | 0 | aborted 1, returned 2 |" in (
         kc.totals_markdown(runs))
+
+
+# `--reset-ks`: after each adoption the spec's K is edited so the tuner starts over.
+def test_the_reset_k_takes_the_list_in_turn_and_never_the_adopted_k() -> None:
+    assert [kc.reset_k([0, 2], 4, n) for n in range(4)] == [0, 2, 0, 2]
+    assert kc.reset_k([0, 2], 0, 0) == 2  # the turn's K is the adopted one: the next
+    assert kc.reset_k([0, 2], 2, 1) == 0
+    try:
+        kc.reset_k([3], 3, 0)
+    except ValueError as err:
+        assert "--reset-ks" in str(err) and "K=3" in str(err)
+    else:
+        raise AssertionError("no K to edit to was accepted")
+
+
+def test_a_spec_edit_settles_on_the_pool_pods_whatever_canary_the_tuner_starts() -> None:
+    pods = [_pod("a", 0), _pod("b", 0), _pod("c", 4, ready=False, canary=True)]
+    assert kc.settled_pods(pods, 0, 2) is None  # counted with the canary: three pods
+    assert [p["metadata"]["name"] for p in kc.settled_pods(kc.without_canaries(pods), 0, 2)] \
+        == ["a", "b"]
+    assert kc.settled_pods(kc.without_canaries([_pod("a", 0), _pod("b", 4)]), 0, 2) is None
