@@ -27,6 +27,11 @@ They alternate with the spec's K between 2 and 4, so every event restarts the po
 rollback 2 -> 1, edit -> 4, rollback 4 -> 3, edit -> 2, ...; the next event starts only once
 the pool is back to its replicas, all Ready, and no pod of it is left terminating.
 
+With `--template before` the operator makes the pool and stops; the bench then rolls the pool
+to the pod template of before the fix (`before_template`: readiness vLLM's /health, no
+preStop, no drain, vLLM's `--shutdown-timeout 0`, `maxSurge: 0`) and makes each change as that
+operator made every K change: one rollout of the Deployment at the other K (`k-rollout`).
+
     python bench/k-change/k_change_cluster.py --gpus 2 --replicas 1 --changes 4 \\
         --record bench/results/k-change.json
 """
@@ -58,6 +63,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESOURCE = "kchange"
 MODEL_PATH = "/models/tiny-mimo"  # where the CPU runtime image holds the tiny model
 EVENTS = ("rollback", "spec-edit")
+BEFORE_EVENTS = ("k-rollout",)  # `--template before` (before_template)
 # What the tuner's trials are, as events (`--tuning`): a canary's start, its end without
 # adoption (returned or aborted), an adoption (the canary goes, the pool rolls to its K); for
 # a pool of one replica the whole pool is the trial: its start and its end.
@@ -323,6 +329,68 @@ def reset_k(reset_ks: list[int], adopted: int, resets: int) -> int:
     raise ValueError(f"--reset-ks {reset_ks}: none differs from the adopted K={adopted}")
 
 
+# `--template before`: the pool's pod template as the operator rendered it before issue 37,
+# kept by the bench itself once the operator has made the pool and stopped (a running operator
+# would put its own template back). Every K change was then one rollout of the Deployment
+# (rollback, adoption, spec edit alike): event `k-rollout`.
+BEFORE_PROBE = {"httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"},
+                "periodSeconds": 5, "timeoutSeconds": 1, "failureThreshold": 3,
+                "successThreshold": 1}
+BEFORE_ENV = {"MTP_RUNTIME_DRAIN_SECONDS": "0",  # the runtime forwards SIGTERM at once
+              "MTP_RUNTIME_ENGINE_ARGS": "--shutdown-timeout 0"}  # vLLM's default: abort
+
+
+def before_template(deploy: dict[str, Any]) -> dict[str, Any]:
+    """The Deployment with the pod template of before issue 37: readiness vLLM's /health, no
+    preStop, the default 30 s grace, no drain in the runtime, vLLM's `--shutdown-timeout 0`,
+    and `maxSurge: 0, maxUnavailable: 1`. Server-set fields dropped (for `kubectl replace`).
+    Pure."""
+    out = json.loads(json.dumps(deploy))
+    out.pop("status", None)
+    for key in ("managedFields", "creationTimestamp", "generation", "uid", "resourceVersion"):
+        out["metadata"].pop(key, None)
+    out["spec"]["strategy"] = {"type": "RollingUpdate",
+                               "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    pod = out["spec"]["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = 30
+    c = pod["containers"][0]
+    c["readinessProbe"] = dict(BEFORE_PROBE)
+    c.pop("lifecycle", None)
+    env = [e for e in c.get("env") or [] if e["name"] not in BEFORE_ENV]
+    c["env"] = env + [{"name": n, "value": v} for n, v in BEFORE_ENV.items()]
+    return out
+
+
+def with_k(deploy: dict[str, Any], k: int) -> dict[str, Any]:
+    """The Deployment with its pods' K (MTP_RUNTIME_CONFIG's serve.num_speculative_tokens)
+    set to `k`: what the operator changed for any K change. Pure."""
+    out = json.loads(json.dumps(deploy))
+    out.pop("status", None)
+    out["metadata"].pop("resourceVersion", None)  # the controller writes status meanwhile
+    for e in out["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if e["name"] == "MTP_RUNTIME_CONFIG":
+            cfg = json.loads(e["value"])
+            cfg["serve"]["num_speculative_tokens"] = k
+            e["value"] = json.dumps(cfg)
+            return out
+    raise ValueError("the Deployment's pods have no MTP_RUNTIME_CONFIG")
+
+
+def is_before(pod: dict[str, Any]) -> bool:
+    """Whether a pod runs the before template (readiness on /health, no preStop). Pure."""
+    c = pod["spec"]["containers"][0]
+    return (((c.get("readinessProbe") or {}).get("httpGet") or {}).get("path") == "/health"
+            and not (c.get("lifecycle") or {}).get("preStop"))
+
+
+def rollout_label(run: dict[str, Any]) -> str:
+    """A run's rollout column: `surge` / `no-surge`, and the pod template when it was the
+    before-fix one. Pure."""
+    if run.get("template") == "before":
+        return f"{run['rollout']}, before-fix template"
+    return run["rollout"]
+
+
 def trial_event(prev: dict[str, Any] | None, prev_ended: int, trial: dict[str, Any] | None,
                 trials: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
     """The trial event between two reads of a pool's `status.tuning` (`trial`, `trials`):
@@ -434,6 +502,38 @@ class PoolUnderTraffic:
                     self.settle_timeout_s, f"{kind}: the pool settled at K={k_to}")
         return self._record(traffic, mark, t0, pods, kind=kind, k_from=k_from, k_to=k_to,
                             old_pods=sorted(before))
+
+    def deployment(self) -> dict[str, Any]:
+        (deploy,) = json.loads(self.kubectl("get", "deployments", "-n", self.namespace, "-l",
+                                            f"mtp-operator.io/mtpinference={RESOURCE}", "-o",
+                                            "json").stdout)["items"]
+        return deploy
+
+    def to_before_template(self) -> None:
+        """The pool's Deployment rolled to `before_template` (the operator stopped), waited
+        for until every replica runs it, Ready."""
+        deploy = self.deployment()
+        self.kubectl("replace", "-f", "-", input=json.dumps(before_template(deploy)))
+        k = pod_k(deploy["spec"]["template"])
+        wait(lambda: (pods := settled(self.kubectl, self.namespace, RESOURCE, k,
+                                      self.replicas)) and all(is_before(p) for p in pods),
+             self.settle_timeout_s, "the pool on the before-fix template")
+
+    def rollout_k(self, traffic: Traffic) -> dict[str, Any]:
+        """One K change as the operator made it before issue 37: the Deployment's K edited
+        (between the K of SPEC_KS), waited for until the pool has settled at it."""
+        deploy = self.deployment()
+        k_from = pod_k(deploy["spec"]["template"])
+        k_to = SPEC_KS[1] if k_from == SPEC_KS[0] else SPEC_KS[0]
+        mark, t0 = len(traffic.outcomes), time.monotonic()
+        before = {p["metadata"]["name"] for p in pool_pods(self.kubectl, self.namespace,
+                                                            RESOURCE)}
+        self.kubectl("replace", "-f", "-", input=json.dumps(with_k(deploy, k_to)))
+        pods = wait(lambda: settled(self.kubectl, self.namespace, RESOURCE, k_to,
+                                    self.replicas), self.settle_timeout_s,
+                    f"k-rollout: the pool settled at K={k_to}")
+        return self._record(traffic, mark, t0, pods, kind="k-rollout", k_from=k_from,
+                            k_to=k_to, old_pods=sorted(before))
 
     def _record(self, traffic: Traffic, mark: int, t0: float, pods: list[dict[str, Any]],
                 **what: Any) -> dict[str, Any]:
@@ -605,6 +705,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         pool.apply()
         wait(lambda: settled(kubectl, ns, RESOURCE, args.start_k, args.replicas), 900,
              "the pool Ready")
+        if args.template == "before":  # the operator would put its own template back
+            op.stop()
+            op = None
+            pool.to_before_template()
         (svc,) = json.loads(kubectl("get", "svc", "-n", ns, "-o", "json").stdout)["items"]
         endpoints = SliceEndpoints(Api(sb.kubeconfig), ns, svc["metadata"]["name"]).start()
         wait(lambda: len(endpoints.current()) == args.replicas, 60, "the Service's endpoints",
@@ -624,7 +728,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
                     print(f"stopping after {i} of {args.changes} changes: past --max-seconds "
                           f"{args.max_seconds}", flush=True)
                     break
-                ev = pool.change(EVENTS[i % 2], traffic)
+                ev = (pool.rollout_k(traffic) if args.template == "before"
+                      else pool.change(EVENTS[i % 2], traffic))
                 print(json.dumps({"change": i + 1, **ev}), flush=True)
         except (TimeoutError, RuntimeError) as err:
             error = f"{type(err).__name__}: {err}"
@@ -632,9 +737,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         traffic.stop()
         endpoints.stop()
         result = {
-            "harness": "operator", "template": "after",
+            "harness": "operator", "template": args.template,
             "tuning": tuning_spec(args.observation_seconds) if args.tuning else None,
-            "rollout": "surge" if args.gpus > args.replicas else "no-surge",
+            "rollout": ("surge" if args.gpus > args.replicas and args.template == "after"
+                        else "no-surge"),
             "gpus": args.gpus, "replicas": args.replicas, "changes": len(pool.events),
             "changes_asked": args.changes, "error": error,
             "concurrency": args.concurrency, "think_s": args.think_seconds,
@@ -665,7 +771,8 @@ def by_kind(events: list[dict[str, Any]], outcomes: list[Any]) -> dict[str, Any]
     and 3 s after), summarised."""
     return {kind: k_change.summarise([o for ev in events if ev["kind"] == kind
                                       for o in outcomes[ev["span"][0]:ev["span"][1]]])
-            for kind in EVENTS + TRIAL_EVENTS if any(ev["kind"] == kind for ev in events)}
+            for kind in EVENTS + TRIAL_EVENTS + BEFORE_EVENTS
+            if any(ev["kind"] == kind for ev in events)}
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:
@@ -687,7 +794,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             gaps = ", ".join(str(ev["requests"]["no_endpoint_s"]) for ev in evs)
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(t["failed_by_kind"].items())) or "-"
             lines.append(
-                f"| {r['when']} | {r['rollout']} | {r['gpus']} | {r['replicas']} | {kind} "
+                f"| {r['when']} | {rollout_label(r)} | {r['gpus']} | {r['replicas']} | {kind} "
                 f"| {len(evs)} | {clients(r)} | {t['sent']} | {t['failed']} | {kinds} "
                 f"| {gaps} | {t['latency_s']['p50']} / {t['latency_s']['p95']} "
                 f"| {min(secs)}-{max(secs)} | {r['machine']['load1']:.1f} |")
@@ -710,7 +817,7 @@ def totals(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r.get("harness") != "operator":
             continue
         for ev in r["events"]:
-            key = (r["replicas"], r["rollout"], ev["kind"])
+            key = (r["replicas"], rollout_label(r), ev["kind"])
             row = acc.setdefault(key, {"replicas": key[0], "rollout": key[1], "event": key[2],
                                        "events": 0, "sent": 0, "failed": 0, "runs": set(),
                                        "outcomes": {}})
@@ -753,6 +860,10 @@ def main() -> int:  # pragma: no cover - a bench run
                    help="the pool tunes K (spec.speculative.tuning Auto, 20 s windows): the "
                    "events are the tuner's trials (" + " / ".join(TRIAL_EVENTS) + "), "
                    "--changes of them at most")
+    p.add_argument("--template", choices=("after", "before"), default="after",
+                   help="before: once the operator has made the pool, stop it and roll the "
+                   "pool to the pod template of before issue 37 (before_template); each change "
+                   "is then a `k-rollout` of the Deployment, as every K change was")
     p.add_argument("--reset-ks", type=lambda v: [int(k) for k in v.split(",")],
                    default=None, metavar="K,K",
                    help="with --tuning: after each adoption edit the spec's K to the next of "
@@ -773,6 +884,8 @@ def main() -> int:  # pragma: no cover - a bench run
         return 0
     if args.start_k != SPEC_KS[0] and not args.tuning:
         p.error(f"--start-k: only with --tuning (the changes alternate between K={SPEC_KS})")
+    if args.template == "before" and args.tuning:
+        p.error("--template before: not with --tuning (the operator is stopped)")
     if args.reset_ks and not args.tuning:
         p.error("--reset-ks: only with --tuning (it follows the tuner's adoptions)")
     args.gpus = args.replicas + 1 if args.gpus is None else args.gpus

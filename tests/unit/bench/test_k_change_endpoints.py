@@ -205,3 +205,61 @@ def test_a_spec_edit_settles_on_the_pool_pods_whatever_canary_the_tuner_starts()
     assert [p["metadata"]["name"] for p in kc.settled_pods(kc.without_canaries(pods), 0, 2)] \
         == ["a", "b"]
     assert kc.settled_pods(kc.without_canaries([_pod("a", 0), _pod("b", 4)]), 0, 2) is None
+
+
+# `--template before`: the pool's Deployment as the operator rendered it before issue 37.
+def _deployment(k: int = 2) -> dict:
+    pod = _pod("t", k)
+    c = pod["spec"]["containers"][0]
+    c["env"] += [{"name": "MTP_RUNTIME_DRAIN_SECONDS", "value": "120"},
+                 {"name": "OMP_NUM_THREADS", "value": "1"}]
+    c["readinessProbe"] = {"httpGet": {"path": "/ready", "port": "metrics"}, "periodSeconds": 2}
+    c["lifecycle"] = {"preStop": {"exec": {"command": ["mtp-runtime", "drain"]}}}
+    pod["spec"]["terminationGracePeriodSeconds"] = 150
+    return {"metadata": {"name": "d", "resourceVersion": "7", "uid": "u", "managedFields": []},
+            "spec": {"strategy": {"type": "RollingUpdate",
+                                  "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                     "template": {"metadata": {}, "spec": pod["spec"]}},
+            "status": {"replicas": 2}}
+
+
+def test_the_before_template_undoes_each_part_of_the_fix_and_keeps_the_rest() -> None:
+    deploy = _deployment()
+    out = kc.before_template(deploy)
+    pod = out["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert out["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http",
+                                              "scheme": "HTTP"}
+    assert "lifecycle" not in c and pod["terminationGracePeriodSeconds"] == 30
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["MTP_RUNTIME_DRAIN_SECONDS"] == "0"
+    assert env["MTP_RUNTIME_ENGINE_ARGS"] == "--shutdown-timeout 0"
+    assert env["OMP_NUM_THREADS"] == "1" and len(c["env"]) == len(env)  # no name twice
+    assert kc.pod_k({"spec": pod}) == 2  # K untouched
+    assert "status" not in out and "resourceVersion" not in out["metadata"]
+    assert deploy["spec"]["template"]["spec"]["containers"][0]["lifecycle"]  # input kept
+    assert kc.is_before({"spec": pod}) and not kc.is_before({"spec": deploy["spec"]["template"][
+        "spec"]})
+
+
+def test_a_k_rollout_changes_only_the_pods_k() -> None:
+    deploy = kc.before_template(_deployment(2))
+    out = kc.with_k(deploy, 4)
+    assert kc.pod_k(out["spec"]["template"]) == 4 and kc.pod_k(deploy["spec"]["template"]) == 2
+    assert kc.is_before(out["spec"]["template"])
+    out["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        e for e in out["spec"]["template"]["spec"]["containers"][0]["env"]
+        if e["name"] != "MTP_RUNTIME_CONFIG"]
+    try:
+        kc.with_k(out, 2)
+    except ValueError as err:
+        assert "MTP_RUNTIME_CONFIG" in str(err)
+    else:
+        raise AssertionError("a Deployment without the runtime config was edited")
+
+
+def test_before_runs_are_their_own_rows() -> None:
+    assert kc.rollout_label({"rollout": "no-surge", "template": "before"}) == \
+        "no-surge, before-fix template"
+    assert kc.rollout_label({"rollout": "surge", "template": "after"}) == "surge"
