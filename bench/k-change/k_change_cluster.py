@@ -319,14 +319,16 @@ def without_canaries(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if (p["metadata"].get("labels") or {}).get(LABEL_CANARY) != "true"]
 
 
-def reset_k(reset_ks: list[int], adopted: int, resets: int) -> int:
+def reset_k(reset_ks: list[int], adopted: int, resets: int, spec_k: int) -> int:
     """The spec K the bench edits to after its `resets`-th adoption (0-based): the next of
-    `reset_ks` in turn, skipping the K just adopted (an edit to it changes no pod). Pure."""
+    `reset_ks` in turn, skipping the K just adopted (the pool would not change) and the spec's
+    K now (no edit at all: the same generation, the pool stays at its tuned K). Pure."""
     for i in range(len(reset_ks)):
         k = reset_ks[(resets + i) % len(reset_ks)]
-        if k != adopted:
+        if k not in (adopted, spec_k):
             return k
-    raise ValueError(f"--reset-ks {reset_ks}: none differs from the adopted K={adopted}")
+    raise ValueError(f"--reset-ks {reset_ks}: none differs from the adopted K={adopted} and "
+                     f"the spec's K={spec_k}")
 
 
 # `--template before`: the pool's pod template as the operator rendered it before issue 37,
@@ -616,7 +618,8 @@ class PoolUnderTraffic:
             else:
                 prev, prev_ended = None, len(trials)
             if kind == "adoption" and reset_ks and recorded < events:
-                ev = self.change("spec-edit", traffic, reset_k(reset_ks, which["k"], resets))
+                ev = self.change("spec-edit", traffic, reset_k(
+                    reset_ks, which["k"], resets, self.spec["speculative"]["numSpeculativeTokens"]))
                 ev["reset"] = True
                 resets += 1
                 recorded += 1

@@ -187,14 +187,18 @@ def test_totals_sum_every_operator_run_per_replicas_rollout_and_kind() -> None:
 
 
 # `--reset-ks`: after each adoption the spec's K is edited so the tuner starts over.
-def test_the_reset_k_takes_the_list_in_turn_and_never_the_adopted_k() -> None:
-    assert [kc.reset_k([0, 2], 4, n) for n in range(4)] == [0, 2, 0, 2]
-    assert kc.reset_k([0, 2], 0, 0) == 2  # the turn's K is the adopted one: the next
-    assert kc.reset_k([0, 2], 2, 1) == 0
+def test_the_reset_k_takes_the_list_in_turn_never_the_adopted_k_nor_the_spec_k() -> None:
+    assert [kc.reset_k([0, 1, 2], 4, n, 3) for n in range(4)] == [0, 1, 2, 0]
+    assert kc.reset_k([0, 2], 0, 0, 3) == 2  # the turn's K is the adopted one: the next
+    assert kc.reset_k([0, 2], 2, 1, 3) == 0
+    # the spec's K stays 0 while the tuner adopts 4: an "edit" to 0 would be no edit (the
+    # 2026-12-07 12:55 run waited for a pool at K=0 that kept its tuned K=4)
+    assert kc.reset_k([0, 2], 4, 0, 0) == 2
+    assert kc.reset_k([0, 2], 4, 1, 2) == 0
     try:
-        kc.reset_k([3], 3, 0)
+        kc.reset_k([3, 4], 3, 0, 4)
     except ValueError as err:
-        assert "--reset-ks" in str(err) and "K=3" in str(err)
+        assert "--reset-ks" in str(err) and "K=3" in str(err) and "K=4" in str(err)
     else:
         raise AssertionError("no K to edit to was accepted")
 
