@@ -36,8 +36,8 @@ from mtp_operator.reconcile_plan import Fold
 from mtp_operator.traffic_classes import class_specs
 from mtp_operator.tuning.capacity import Capacity, window_capacity
 from mtp_operator.tuning.counters import PodSample, pod_k, window_counters
-from mtp_operator.tuning.decision import Trial, decide_tuning
-from mtp_operator.tuning.estimator import Measurement, measure
+from mtp_operator.tuning.decision import ThinWindows, Trial, decide_tuning
+from mtp_operator.tuning.estimator import Measurement, measure, too_thin
 from mtp_operator.tuning.priors import prior_for
 from mtp_operator.tuning.schedule import recommend_schedule
 from mtp_operator.tuning.settings import policy_for
@@ -65,6 +65,9 @@ class PoolMemory:
     table: list[Measurement] = field(default_factory=list)
     capacity: dict[int, Capacity] = field(default_factory=dict)  # last window's, by K
     at_capacity: bool = False  # the last window's verdict: an Event only when it turns true
+    # by K: windows in a row whose pods were scraped throughout but too thin to measure, and
+    # the last one's request-steps (a K missing from a window starts its count again)
+    thin: dict[int, tuple[int, float]] = field(default_factory=dict)
 
 
 class Tuner:
@@ -133,6 +136,7 @@ class Tuner:
             if len(ks) == 1:
                 groups.setdefault(ks.pop(), {})[name] = samples
         mem.capacity = {}
+        thin: dict[int, tuple[int, float]] = {}
         for k, by_pod in sorted(groups.items()):
             cap = window_capacity(k, by_pod)
             if cap is not None:
@@ -141,6 +145,9 @@ class Tuner:
             m = measure(w) if w is not None else None
             if m is not None:
                 mem.table.append(m)
+            elif w is not None and (steps := too_thin(w)) is not None:
+                thin[k] = (mem.thin.get(k, (0, 0.0))[0] + 1, steps)
+        mem.thin = thin
         mem.table = mem.table[-MAX_TABLE:]
         # the next window starts from each pod's last scrape; pods not seen now are dropped
         mem.samples = {p: s[-1:] for p, s in mem.samples.items() if s and s[-1].t >= t - 1e-6}
@@ -161,8 +168,10 @@ class Tuner:
         replicas = spec.replicas  # the pool's Deployment has one less while a canary runs
         hybrid = is_hybrid(spec.model, spec.speculative.method)
         cap = mem.capacity.get(running)
+        thin = (ThinWindows(trial.k, *mem.thin[trial.k])
+                if trial is not None and trial.k in mem.thin else None)
         d = decide_tuning(policy, running, trial, history, mem.table, guard, now, replicas,
-                          prior=prior_for(pool.gpu_product, hybrid), capacity=cap)
+                          prior=prior_for(pool.gpu_product, hybrid), capacity=cap, thin=thin)
         events: list[tuple[str, str, str]] = []
         product = pool.key
         ended_canary = None

@@ -58,8 +58,9 @@ Rules, in order:
    the traffic changed); a-d only try unmeasured Ks, so it would otherwise never run.
    A K with a comparable measurement is never tried again in the same regime: every K is
    tried at most once per traffic regime, so K cannot oscillate. A K whose trial was aborted
-   (a rollback, or no window at it within the pods' start-up allowance and three windows) is
-   not tried again within 24 h.
+   (a rollback, or no window at it within the pods' start-up allowance and three windows, or
+   `trialWindows + 2` windows in a row whose pods served but too little to measure: `ThinWindows`)
+   is not tried again within 24 h.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from mtp_operator.api.tuning import DEFAULT_REVISIT_SECONDS, DEFAULT_TRIAL_WINDO
 
 from .capacity import Capacity
 from .estimator import (
+    MIN_REQUEST_STEPS,
     CostFit,
     Estimate,
     Measurement,
@@ -115,6 +117,18 @@ class Policy:
     revisit_seconds: float = float(DEFAULT_REVISIT_SECONDS)
     # rule 4: windows at the trial's K that judge it (the median of their paired ratios)
     trial_windows: int = DEFAULT_TRIAL_WINDOWS
+
+
+@dataclass(frozen=True)
+class ThinWindows:
+    """Windows in a row at one K whose pods were scraped throughout but held too few
+    request-steps to be measured (`estimator.too_thin`): `windows` of them, the last with
+    `request_steps`. A trial's pods that serve so little are up, so their time-out need not
+    wait out the start-up allowance."""
+
+    k: int
+    windows: int
+    request_steps: float
 
 
 @dataclass(frozen=True)
@@ -342,7 +356,8 @@ def median_and_error(ratios: Sequence[float]) -> tuple[float, float]:
 
 
 def _judge(
-    policy: Policy, trial: Trial, table: Sequence[Measurement], now: datetime
+    policy: Policy, trial: Trial, table: Sequence[Measurement], now: datetime,
+    thin: ThinWindows | None = None,
 ) -> TuningDecision:
     hold = TuningDecision("hold", trial.from_k, None, None, None, "")
     need = max(1, policy.trial_windows)
@@ -356,6 +371,15 @@ def _judge(
 
     late = past(need)
     if not pairs:
+        thin = thin if thin is not None and thin.k == trial.k else None
+        if thin is not None and thin.windows >= TRIAL_TIMEOUT_WINDOWS + need - 1:
+            return TuningDecision(
+                "abort", trial.from_k, None, None, None,
+                f"trial of K={trial.k} got no full window: its pods served, but "
+                f"{thin.windows} windows in a row held too few request-steps (the last "
+                f"{thin.request_steps:.0f}; a window needs {MIN_REQUEST_STEPS}): a longer "
+                f"observationSeconds than {policy.observation_seconds:.0f} s gives them enough",
+            )
         if late:
             allowance = (f"{policy.startup_seconds:.0f} s of start-up and "
                          if policy.startup_seconds else "")
@@ -364,7 +388,9 @@ def _judge(
                 f"trial of K={trial.k} got no window in {allowance}"
                 f"{TRIAL_TIMEOUT_WINDOWS + need - 1} windows",
             )
-        return _with(hold, f"trial of K={trial.k} ({trial.kind}) running, no full window yet")
+        return _with(hold, f"trial of K={trial.k} ({trial.kind}) running, no full window yet"
+                     + (f": its last window held {thin.request_steps:.0f} request-steps of the "
+                        f"{MIN_REQUEST_STEPS} a window needs" if thin is not None else ""))
     def ratio(tm: Measurement, inc: Measurement) -> float | None:
         """The pair's ratio: request speed at the same request rate, else output per replica
         at the same load (or more output on less); None: the pair says nothing."""
@@ -439,9 +465,11 @@ def decide_tuning(
     replicas: int,
     prior: CostPrior | None = None,
     capacity: Capacity | None = None,
+    thin: ThinWindows | None = None,
 ) -> TuningDecision:
     """The next step for one pool (module doc). `running_k`: the incumbent K (outside a trial
-    the pool's K; in a trial the K the trial returns to)."""
+    the pool's K; in a trial the K the trial returns to). `thin`: the too-thin windows in a
+    row at the trial's K, if any."""
     if policy.mode == "Off":
         return TuningDecision("hold", running_k, None, None, None, "tuning is off")
     blocked = guard.blocks(now)
@@ -450,7 +478,7 @@ def decide_tuning(
                         f"trial of K={trial.k} ended: {blocked}")
     current = _latest(table, running_k)
     if trial is not None:
-        verdict = _judge(policy, trial, table, now)
+        verdict = _judge(policy, trial, table, now, thin)
         if verdict.action != "hold" or current is None:
             return verdict
     if current is None:

@@ -128,6 +128,14 @@ def measure(w: WindowCounters, min_request_steps: float = MIN_REQUEST_STEPS) -> 
     )
 
 
+def too_thin(w: WindowCounters, min_request_steps: float = MIN_REQUEST_STEPS) -> float | None:
+    """The window's request-steps (N = G - A) when they are too few for `measure`; else None.
+    What tells a trial whose pods serve but get too little of the traffic from one still
+    loading the model."""
+    n = w.generation_tokens - w.spec.accepted
+    return n if n < min_request_steps else None
+
+
 def tokens_per_step(spec: SpecCounters, k: int) -> float:
     """τ(K) = 1 + Σ_{j<K} c_j / D, exact for any K up to the K the counters ran at."""
     if k == 0:

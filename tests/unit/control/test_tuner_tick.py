@@ -219,6 +219,35 @@ async def test_from_pool_placement_gives_a_replica_up_even_with_a_spare_slot():
         c.stop()
 
 
+async def test_a_canary_that_serves_too_little_ends_after_its_windows():
+    """Issue 37's bench: a canary that is up but gets a trickle (5 drafts a window, so 5
+    request-steps of the 50 a window needs) is aborted after three such windows, not after
+    the pool's 30 min start-up allowance, and says why."""
+    c = Cluster(replicas=2, nodes=3)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _canary_started(c, session)
+            c.serve("res-h100-80gb-hbm3-canary-k1", 1)
+            await c.tick(session, 20)  # the canary's first scrape
+            canary = c.fakes["res-h100-80gb-hbm3-canary-k1"]
+            for i, at in enumerate((30, 40, 50)):
+                for fake in c.fakes.values():
+                    fake.advance_random(5 if fake is canary else DRAFTS[fake.k], P)
+                await c.tick(session, at)
+                if i < 2:
+                    t = c.pool()["tuning"]
+                    assert t["trial"]["k"] == 1
+                    assert "its last window held 5 request-steps of the 50" in t["reason"]
+            pool = c.pool()
+            (ended,) = pool["tuning"]["trials"]
+            assert ended["outcome"] == "aborted" and ended["k"] == 1
+            assert "3 windows in a row held too few request-steps (the last 5" in ended["reason"]
+            assert "observationSeconds than 10 s" in ended["reason"]
+            assert k_of(c.kube.deployments()[H100]) == 4  # the pool kept its K
+    finally:
+        c.stop()
+
+
 async def test_recommend_changes_nothing():
     c = Cluster(replicas=1, mode="Recommend")
     await c.settle()

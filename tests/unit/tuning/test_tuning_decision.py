@@ -17,6 +17,7 @@ import pytest
 from mtp_operator.tuning.decision import (
     Guard,
     Policy,
+    ThinWindows,
     Trial,
     decide_tuning,
     judged_in_regime,
@@ -24,6 +25,7 @@ from mtp_operator.tuning.decision import (
     recommend,
 )
 from mtp_operator.tuning.estimator import (
+    MIN_REQUEST_STEPS,
     Estimate,
     better_on_less_load,
     comparable,
@@ -189,6 +191,36 @@ def test_a_trial_waits_for_its_pods_to_start_before_its_windows_count():
     # without the allowance, three windows alone
     d = decide_tuning(ONE_WINDOW, 3, _trial(), [], [inc], Guard(),
                T0 + timedelta(seconds=3 * SPAN + 1), 2)
+    assert d.action == "abort"
+
+
+def test_a_trial_whose_pods_serve_too_little_ends_after_its_windows_not_the_startup_budget():
+    # issue 37's bench: a K=4 canary beside 3 replicas got 24 request-steps a 20 s window and
+    # waited out the pool's 30 min start-up allowance. Its pods serve, so only windows count.
+    inc = measure(LINEAR.window(3, T0.timestamp() - SPAN, SPAN, 1))
+    slow = policy(range(5), startup_seconds=1800, trial_windows=1)
+    soon = T0 + timedelta(seconds=4 * SPAN)  # long before 1800 s + 3 windows
+    for n in (1, 2):
+        d = decide_tuning(slow, 3, _trial(), [], [inc], Guard(), soon, 2,
+                          thin=ThinWindows(1, n, 24.0))
+        assert d.action == "hold"
+        assert f"24 request-steps of the {MIN_REQUEST_STEPS} a window needs" in d.reason
+    d = decide_tuning(slow, 3, _trial(), [], [inc], Guard(), soon, 2,
+                      thin=ThinWindows(1, 3, 24.0))
+    assert d.action == "abort" and d.k == 3
+    assert "3 windows in a row" in d.reason and "the last 24" in d.reason
+    assert f"observationSeconds than {SPAN:.0f} s" in d.reason
+    # thin windows of another K say nothing of this trial: the start-up allowance holds
+    d = decide_tuning(slow, 3, _trial(), [], [inc], Guard(), soon, 2,
+                      thin=ThinWindows(4, 9, 0.0))
+    assert d.action == "hold" and d.reason.endswith("no full window yet")
+    # trialWindows: 3 needs as many more thin windows before it ends
+    three = policy(range(5), startup_seconds=1800, trial_windows=3)
+    d = decide_tuning(three, 3, _trial(), [], [inc], Guard(), soon, 2,
+                      thin=ThinWindows(1, 4, 24.0))
+    assert d.action == "hold"
+    d = decide_tuning(three, 3, _trial(), [], [inc], Guard(), soon, 2,
+                      thin=ThinWindows(1, 5, 24.0))
     assert d.action == "abort"
 
 
