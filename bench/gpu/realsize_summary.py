@@ -63,6 +63,8 @@ def load_calls(raw: Path) -> list[dict]:
             # a variant (e.g. vLLM's default compilation) is a sweep of its own
             name = res["kind"] + (f" ({res['variant']})" if res.get("variant") else "")
             kinds[name] = res
+        if not kinds:  # not a realsize call (e.g. compile_cache.sh's): README says what it is
+            continue
         calls.append({"name": d.name, "env": env, "meta": meta, "kinds": kinds})
     return calls
 
