@@ -469,10 +469,12 @@ class PoolUnderTraffic:
                "metadata": {"name": RESOURCE}, "spec": self.spec}
         self.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump(doc))
 
+    def resource(self) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", "mtpi", RESOURCE, "-n", self.namespace, "-o",
+                                       "json").stdout)
+
     def running_k(self) -> int:
-        obj = json.loads(self.kubectl("get", "mtpi", RESOURCE, "-n", self.namespace, "-o",
-                                      "json").stdout)
-        (pool,) = obj["status"]["pools"]
+        (pool,) = self.resource()["status"]["pools"]
         return int(pool["numSpeculativeTokens"])
 
     def change(self, kind: str, traffic: Traffic, to_k: int | None = None) -> dict[str, Any]:
@@ -556,9 +558,8 @@ class PoolUnderTraffic:
         t = self._tuning_status()
         return t.get("trial"), t.get("trials") or []
 
-    def _tuning_status(self) -> dict[str, Any]:
-        obj = json.loads(self.kubectl("get", "mtpi", RESOURCE, "-n", self.namespace, "-o",
-                                      "json").stdout)
+    def _tuning_status(self, obj: dict[str, Any] | None = None) -> dict[str, Any]:
+        obj = self.resource() if obj is None else obj
         pools = (obj.get("status") or {}).get("pools") or []
         return (pools[0].get("tuning") or {}) if pools else {}
 
@@ -571,11 +572,8 @@ class PoolUnderTraffic:
 
     def tuning_generation(self) -> tuple[int | None, int | None]:
         """The resource's generation and the one its pool's status.tuning was written for."""
-        obj = json.loads(self.kubectl("get", "mtpi", RESOURCE, "-n", self.namespace, "-o",
-                                      "json").stdout)
-        pools = (obj.get("status") or {}).get("pools") or []
-        tuning = (pools[0].get("tuning") or {}) if pools else {}
-        return obj["metadata"].get("generation"), tuning.get("generation")
+        obj = self.resource()
+        return obj["metadata"].get("generation"), self._tuning_status(obj).get("generation")
 
     def watch_trials(self, traffic: Traffic, events: int, until: float,
                      reset_ks: list[int] | None = None) -> None:

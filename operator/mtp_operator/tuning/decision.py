@@ -371,8 +371,9 @@ def _judge(
 
     late = past(need)
     if not pairs:
+        allowed = TRIAL_TIMEOUT_WINDOWS + need - 1  # windows past the start-up allowance
         thin = thin if thin is not None and thin.k == trial.k else None
-        if thin is not None and thin.windows >= TRIAL_TIMEOUT_WINDOWS + need - 1:
+        if thin is not None and thin.windows >= allowed:
             return TuningDecision(
                 "abort", trial.from_k, None, None, None,
                 f"trial of K={trial.k} got no full window: its pods served, but "
@@ -385,8 +386,7 @@ def _judge(
                          if policy.startup_seconds else "")
             return TuningDecision(
                 "abort", trial.from_k, None, None, None,
-                f"trial of K={trial.k} got no window in {allowance}"
-                f"{TRIAL_TIMEOUT_WINDOWS + need - 1} windows",
+                f"trial of K={trial.k} got no window in {allowance}{allowed} windows",
             )
         return _with(hold, f"trial of K={trial.k} ({trial.kind}) running, no full window yet"
                      + (f": its last window held {thin.request_steps:.0f} request-steps of the "

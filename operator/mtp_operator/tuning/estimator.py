@@ -108,7 +108,7 @@ def measure(w: WindowCounters, min_request_steps: float = MIN_REQUEST_STEPS) -> 
         return None
     if w.k > 0 and (d <= 0 or abs(t - d * w.k) > 1e-6 * max(t, 1.0)):
         return None
-    n = w.generation_tokens - w.spec.accepted
+    n = request_steps(w)
     if n < min_request_steps:
         return None
     steps_concurrency = n / w.engine_steps if w.engine_steps else None
@@ -128,11 +128,16 @@ def measure(w: WindowCounters, min_request_steps: float = MIN_REQUEST_STEPS) -> 
     )
 
 
+def request_steps(w: WindowCounters) -> float:
+    """The window's request-steps: N = G - A (one per request per engine step)."""
+    return w.generation_tokens - w.spec.accepted
+
+
 def too_thin(w: WindowCounters, min_request_steps: float = MIN_REQUEST_STEPS) -> float | None:
-    """The window's request-steps (N = G - A) when they are too few for `measure`; else None.
-    What tells a trial whose pods serve but get too little of the traffic from one still
-    loading the model."""
-    n = w.generation_tokens - w.spec.accepted
+    """The window's request-steps when they are too few for `measure`; else None. What tells
+    a trial whose pods serve but get too little of the traffic from one still loading the
+    model."""
+    n = request_steps(w)
     return n if n < min_request_steps else None
 
 
