@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import signal
 import ssl
 import sys
 import tempfile
@@ -436,6 +437,19 @@ def trial_settled(kubectl, namespace: str, name: str, kind: str, trial: dict[str
     return settled_pods(pods, kept, replicas)
 
 
+class Stopped(Exception):
+    """A SIGTERM reached the run: it starts no further change and records what it made."""
+
+
+def stop_on_sigterm() -> None:
+    """Make the first SIGTERM raise `Stopped` in the main thread (the run's change loop catches
+    it and records); a second SIGTERM kills as usual, so a teardown that hangs can be cut."""
+    def handler(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Stopped(f"stopped by signal {signum}")
+    signal.signal(signal.SIGTERM, handler)
+
+
 def wait(predicate, timeout: float, what: str, interval: float = 1.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -719,7 +733,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
         time.sleep(5)
         t_start = time.monotonic()
         error = None
-        try:  # a change that never settles ends the run, which still records what it made
+        stop_on_sigterm()
+        try:  # a change that never settles, or a SIGTERM, ends the run: it records what it made
             if args.tuning:  # the tuner makes the changes: record them as they come
                 pool.watch_trials(traffic, args.changes,
                                   t_start + (args.max_seconds or float("inf")),
@@ -732,7 +747,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:  # pragma: no cover -
                 ev = (pool.rollout_k(traffic) if args.template == "before"
                       else pool.change(EVENTS[i % 2], traffic))
                 print(json.dumps({"change": i + 1, **ev}), flush=True)
-        except (TimeoutError, RuntimeError) as err:
+        except (TimeoutError, RuntimeError, Stopped) as err:
             error = f"{type(err).__name__}: {err}"
             print(f"run ended: {error}", flush=True)
         traffic.stop()

@@ -4,6 +4,7 @@ of its EndpointSlices a client behind kube-proxy sends to, and when a pod left t
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 from support.scripts import load
@@ -267,3 +268,20 @@ def test_before_runs_are_their_own_rows() -> None:
     assert kc.rollout_label({"rollout": "no-surge", "template": "before"}) == \
         "no-surge, before-fix template"
     assert kc.rollout_label({"rollout": "surge", "template": "after"}) == "surge"
+
+
+def test_the_first_sigterm_ends_the_change_loop_and_a_second_kills() -> None:
+    import os
+    import signal
+
+    import pytest
+
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        kc.stop_on_sigterm()
+        with pytest.raises(kc.Stopped, match="signal 15"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at the next bytecode; never reached
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, saved)
