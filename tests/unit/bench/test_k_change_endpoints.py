@@ -4,8 +4,12 @@ of its EndpointSlices a client behind kube-proxy sends to, and when a pod left t
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from types import SimpleNamespace
+
+import pytest
 
 from support.scripts import load
 
@@ -271,11 +275,6 @@ def test_before_runs_are_their_own_rows() -> None:
 
 
 def test_the_first_sigterm_ends_the_change_loop_and_a_second_kills() -> None:
-    import os
-    import signal
-
-    import pytest
-
     saved = signal.getsignal(signal.SIGTERM)
     try:
         kc.stop_on_sigterm()
