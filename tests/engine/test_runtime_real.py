@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import traffic
 
+from support.cluster_fixtures import wait_for
 from support.engine import START_TIMEOUT, RealEngine, http_get
 from support.exposition import parse, raw_counters
 from support.fake_vllm import FakeVLLM
@@ -44,19 +45,6 @@ def runtime_events(eng: RealEngine) -> list[dict]:
     return events
 
 
-def ready_events(eng: RealEngine, timeout: float = 60.0) -> list[dict]:
-    """The runtime's `vllm_ready` events, once there is one. The runtime logs it when its own
-    /health probe (every 0.5 s, 2 s timeout) first passes; the fixture waits on its own probe
-    and on the exporter, which can both pass first on a loaded machine (CI, 2026-12-07: the
-    event was not yet in the log when this test read it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ready = [e for e in runtime_events(eng) if e["event"] == "vllm_ready"]
-        if ready or time.monotonic() > deadline:
-            return ready
-        time.sleep(0.2)
-
-
 def exporter_values(eng: RealEngine) -> dict[str, float]:
     assert eng.exporter_url
     status, text = http_get(eng.exporter_url)
@@ -76,7 +64,10 @@ def test_serve_launches_the_real_engine_with_k(engine_k2: RealEngine) -> None:
     # the engine's own flags, then the runtime's drain backstop (issue 37)
     assert argv[-7:] == ["--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager",
                          "--host", "127.0.0.1", "--shutdown-timeout", "10"]
-    ready = ready_events(engine_k2)
+    # the runtime logs it when its own /health probe passes; the fixture's probe and the
+    # exporter can pass first on a loaded machine (fresh-clone CI, 2026-12-07)
+    ready = wait_for(lambda: [e for e in runtime_events(engine_k2) if e["event"] == "vllm_ready"],
+                     timeout=60, interval=0.2, message="the runtime's vllm_ready event")
     assert len(ready) == 1 and ready[0]["port"] == engine_k2.port
     assert http_get(f"{engine_k2.url}/health")[0] == 200
     models = json.loads(http_get(f"{engine_k2.url}/v1/models")[1])
